@@ -1,0 +1,273 @@
+"""gpu_utils: device choice and rotation, batch sizes, memory estimates, micro-batching, the GPU monitor."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gpu_utils
+from gpu_utils import BatchSizeError, DeviceError, choose_batch_size, rotate, select_device
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """Pretend this machine has `n` GPUs (torch.device objects for cuda:i need no real GPU)."""
+
+    def fake(n: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+    monkeypatch.delenv("CUDA_OFFSET", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    return fake
+
+
+def test_rotate_round_robin_and_offset():
+    assert [rotate(s, 0, 2) for s in range(4)] == [0, 1, 0, 1]
+    assert [rotate(s, 4, 8) for s in range(4)] == [4, 5, 6, 7]
+    assert [rotate(s, 1, 2) for s in range(3)] == [1, 0, 1]
+    assert rotate(9, 3, 4) == 0
+    with pytest.raises(DeviceError):
+        rotate(0, 0, 0)
+
+
+def test_select_device_without_cuda(fake_gpus):
+    fake_gpus(0)
+    assert select_device("auto") == torch.device("cpu")
+    assert select_device("false") == torch.device("cpu")
+    assert select_device(False) == torch.device("cpu")  # False is never device 0
+    for bad in ("true", "0", "cuda:0", "cuda:7"):
+        with pytest.raises(DeviceError) as err:
+            select_device(bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        select_device("true")
+    with pytest.raises(DeviceError, match="no GPU"):
+        select_device("cuda:7")
+
+
+def test_select_device_with_faked_gpus(fake_gpus, monkeypatch):
+    fake_gpus(2)
+    assert [select_device("auto", session=s) for s in range(4)] == [torch.device("cuda", i) for i in (0, 1, 0, 1)]
+    assert select_device("true", session=0, cuda_offset=1) == torch.device("cuda", 1)
+    assert select_device("1") == torch.device("cuda", 1)
+    assert select_device("cuda:0") == torch.device("cuda", 0)
+    assert select_device(False) == torch.device("cpu")
+    assert select_device("false") == torch.device("cpu")
+    with pytest.raises(DeviceError) as err:
+        select_device("cuda:7")
+    assert str(err.value) == "--gpu cuda:7 asks for GPU 7 but this machine has 2 GPUs (0..1); pick another or auto"
+    with pytest.raises(DeviceError, match="not understood"):
+        select_device("banana")
+
+
+def test_select_device_offset_env_and_local_rank(fake_gpus, monkeypatch):
+    fake_gpus(8)
+    monkeypatch.setenv("CUDA_OFFSET", "4")
+    assert [select_device("auto", session=s).index for s in range(4)] == [4, 5, 6, 7]
+    assert select_device("auto", session=0, cuda_offset=2).index == 2  # explicit offset beats the env var
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert select_device("auto", session=0).index == 7  # offset 4 + rank 3
+    assert select_device("auto", session=1).index == 0  # wraps around
+    monkeypatch.setenv("CUDA_OFFSET", "x")
+    with pytest.raises(DeviceError, match="CUDA_OFFSET"):
+        select_device("auto")
+
+
+def test_choose_batch_size():
+    assert choose_batch_size(2048, "auto", target=256) == 256
+    assert choose_batch_size(2048, "auto") == 2048
+    assert choose_batch_size(1000, "auto", target=300) == 250
+    assert choose_batch_size(12, "auto", target=5) == 4
+    assert choose_batch_size(4096, 512) == 512
+    assert choose_batch_size(4096, "1024") == 1024
+    with pytest.raises(BatchSizeError) as err:
+        choose_batch_size(2048, 300)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("batch size 300 does not divide the total batch 2048; valid sizes near it:")
+    assert "256" in message and "512" in message and "300" not in message.split(":")[1]
+    with pytest.raises(BatchSizeError, match="'auto' or a positive integer"):
+        choose_batch_size(64, "big")
+
+
+def nature_convnet(num_actions: int) -> nn.Module:
+    """The Nature DQN trunk with policy and value heads, as ppo_atari.py builds it."""
+    trunk = nn.Sequential(
+        nn.Conv2d(4, 32, 8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64 * 7 * 7, 512),
+        nn.ReLU(),
+    )
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.network, self.actor, self.critic = trunk, nn.Linear(512, num_actions), nn.Linear(512, 1)
+
+        def forward(self, x):
+            hidden = self.network(x)
+            return self.actor(hidden), self.critic(hidden)
+
+    return Net()
+
+
+def test_estimate_memory_nature_convnet_exact_weights():
+    model = nature_convnet(num_actions=4)
+    # conv1 + conv2 + conv3 + fc + actor + critic, weights and biases, counted by hand
+    params = (32 * 4 * 8 * 8 + 32) + (64 * 32 * 4 * 4 + 64) + (64 * 64 * 3 * 3 + 64) + (3136 * 512 + 512)
+    params += (512 * 4 + 4) + (512 + 1)
+    assert params == 1_686_693
+    est = gpu_utils.estimate_memory(model, "adam", batch_bytes=1000, rollout_bytes=2000)
+    assert est.weights == params * 4
+    assert est.gradients == params * 4
+    assert est.optimizer_state == 2 * params * 4
+    assert est.total == 4 * params * 4 + 1000 + 2000 + gpu_utils.CUDA_CONTEXT_BYTES
+    assert gpu_utils.estimate_memory(model, "sgd").optimizer_state == 0
+    text = str(est)
+    assert "weights" in text and "total" in text and "MiB" in text
+
+
+def test_estimate_memory_measures_activations():
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))
+    est = gpu_utils.estimate_memory(model, example_input=torch.zeros(2, 10), batch_size=64)
+    assert est.activations == 64 * (20 + 20 + 5) * 4  # each leaf module's output, float32, 64 rows
+    assert gpu_utils.estimate_memory(model, activation_bytes=123).activations == 123
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        gpu_utils.estimate_memory(model, "lbfgs")
+
+
+def _loss_and_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    x, y = torch.randn(37, 8), torch.randn(37, 1)
+
+    def loss_fn(start: int, end: int) -> torch.Tensor:
+        return ((model(x[start:end]) - y[start:end]) ** 2).mean()
+
+    return model, loss_fn
+
+
+def test_backward_in_chunks_matches_full_backward():
+    model, loss_fn = _loss_and_model()
+    loss_fn(0, 37).backward()
+    full = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    used = gpu_utils.backward_in_chunks(loss_fn, batch_size=37, chunk_size=8, parameters=list(model.parameters()))
+    assert used == 8
+    for g_full, p in zip(full, model.parameters()):
+        torch.testing.assert_close(p.grad, g_full, atol=1e-5, rtol=1e-5)
+
+
+def test_backward_in_chunks_recovers_from_oom():
+    model, inner = _loss_and_model()
+    inner(0, 37).backward()
+    full = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    calls = []
+
+    def loss_fn(start: int, end: int) -> torch.Tensor:
+        calls.append(end - start)
+        if end - start > 4 and start > 0:  # OOM part-way through, after some gradient has accumulated
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return inner(start, end)
+
+    used = gpu_utils.backward_in_chunks(loss_fn, batch_size=37, chunk_size=32, parameters=list(model.parameters()))
+    assert used == 4  # 32 -> 16 -> 8 -> 4
+    assert calls[:2] == [32, 5]
+    for g_full, p in zip(full, model.parameters()):
+        torch.testing.assert_close(p.grad, g_full, atol=1e-5, rtol=1e-5)
+
+
+def test_enable_tf32_and_limit_threads_on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_utils.enable_tf32(True) is False
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    threads = torch.get_num_threads()
+    try:
+        gpu_utils.limit_threads(1)
+        assert torch.get_num_threads() == 1
+        assert os.environ["OMP_NUM_THREADS"] == "1" and os.environ["MKL_NUM_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(ValueError):
+        gpu_utils.limit_threads(0)
+
+
+def test_gpu_monitor_is_inert_on_cpu():
+    with gpu_utils.GPUMonitor("cpu", interval=0.01) as monitor:
+        assert monitor._thread is None
+        assert monitor.collect() == {}
+
+
+def test_cli_prints_machine_report(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "gpu_utils.py"), "4"], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout
+    assert "CUDA available" in out and "GPU count" in out
+
+
+def test_import_has_no_side_effects(tmp_path):
+    code = (
+        "import os, torch; n = torch.get_num_threads(); import gpu_utils; "
+        "print(n == torch.get_num_threads(), 'OMP_NUM_THREADS' in os.environ)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=tmp_path
+    )
+    assert out.stdout.split() == ["True", "False"]
+
+
+@pytest.mark.gpu
+def test_select_device_true_and_tf32_on_gpu():
+    device = select_device("true")
+    assert device.type == "cuda"
+    major = torch.cuda.get_device_capability(device)[0]
+    assert gpu_utils.enable_tf32(True) is (major >= 8)
+    gpu_utils.enable_tf32(False)
+
+
+@pytest.mark.gpu
+def test_gpu_monitor_samples_on_gpu():
+    pytest.importorskip("pynvml")
+    device = select_device("true")
+    with gpu_utils.GPUMonitor(device, interval=0.02) as monitor:
+        x = torch.randn(2048, 2048, device=device)
+        for _ in range(50):
+            x = x @ x
+            x = x / x.norm()
+        torch.cuda.synchronize()
+        import time
+
+        time.sleep(0.2)
+        stats = monitor.collect()
+    assert set(stats) == {"gpu/util_mean", "gpu/util_peak", "gpu/mem_mean_mib", "gpu/mem_peak_mib"}
+    assert stats["gpu/mem_peak_mib"] > 0
+
+
+@pytest.mark.gpu
+def test_memory_estimate_bounds_real_peak():
+    device = select_device("true")
+    model = nature_convnet(4).to(device)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.zeros(256, 4, 84, 84, device=device)
+    est = gpu_utils.estimate_memory(model, "adam", batch_bytes=x.numel() * 4, example_input=x[:2], batch_size=256)
+    torch.cuda.reset_peak_memory_stats(device)
+    logits, value = model(x)
+    (logits.sum() + value.sum()).backward()
+    opt.step()
+    peak = torch.cuda.max_memory_allocated(device)
+    assert peak <= est.total
