@@ -1,0 +1,335 @@
+"""Summarise training runs from their TensorBoard event files: a markdown table and one learning-curve PNG per env.
+
+    python benchmark/report.py runs/ --out benchmark/results/
+
+Run directories are named ``{env_tag}__{exp_name}__{seed}__{timestamp}`` (the scripts' run_name); runs are grouped
+by (exp_name, env). Per group the table gives: the mean +- sample std over seeds of each run's mean return over its
+last 100 episodes (``charts/episodic_return``), steps reached (largest global_step logged, in agent steps), wall
+time (first to last event), SPS (median of the logged ``charts/SPS``), and reference scores from
+``benchmark/reference_scores.csv``. Runs still going, and runs with no finished episode yet ("-"), are shown.
+No wandb needed. (dqn_snake_vec.py logs ``charts/episodic_return`` as the mean over the games that ended in each
+log interval, so for Snake "last 100 episodes" means the last 100 logged points.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RETURN_TAG = "charts/episodic_return"
+SPS_TAG = "charts/SPS"
+RUN_RE = re.compile(r"^(?P<env>.+?)__(?P<exp>.+)__(?P<seed>-?\d+)__(?P<ts>\d+)$")
+HERE = os.path.dirname(os.path.abspath(__file__))
+DASH = "-"
+
+
+@dataclass
+class Run:
+    path: str
+    name: str
+    env: str
+    exp: str
+    seed: int
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0))  # episode end steps
+    returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    last_step: int = 0
+    wall_time: float = 0.0
+    last_event: float = 0.0
+    sps: float | None = None
+    total_timesteps: int | None = None
+
+    @property
+    def episodes(self) -> int:
+        return len(self.returns)
+
+    def final_return(self, last_n: int) -> float | None:
+        return float(np.mean(self.returns[-last_n:])) if len(self.returns) else None
+
+    def status(self, now: float, recent_s: float) -> str:
+        if self.total_timesteps and self.last_step >= self.total_timesteps:
+            return "done"
+        if self.total_timesteps:
+            pct = math.floor(100.0 * self.last_step / self.total_timesteps)
+            state = "running" if now - self.last_event < recent_s else "stopped"
+            return f"{state} ({pct}%)"
+        return "running" if now - self.last_event < recent_s else "?"
+
+
+def find_run_dirs(root: str) -> list[str]:
+    dirs = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        if any(f.startswith("events.out.tfevents") for f in filenames):
+            dirs.append(dirpath)
+    return sorted(dirs)
+
+
+def parse_hparams(text: str) -> dict[str, str]:
+    """Parse the CleanRL-style "|param|value|" markdown table written with add_text("hyperparameters")."""
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] and not set(cells[0]) <= set("-:"):
+            out[cells[0]] = cells[1]
+    return out
+
+
+def load_run(path: str) -> Run | None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    m = RUN_RE.match(os.path.basename(os.path.normpath(path)))
+    if not m:
+        return None
+    run = Run(path, m.group(0), m.group("env"), m.group("exp"), int(m.group("seed")))
+    acc = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    first, last, last_step = math.inf, -math.inf, 0
+    for tag in tags.get("scalars", []):
+        events = acc.Scalars(tag)
+        if not events:
+            continue
+        first = min(first, min(e.wall_time for e in events))
+        last = max(last, max(e.wall_time for e in events))
+        last_step = max(last_step, max(e.step for e in events))
+        if tag == RETURN_TAG:
+            run.steps = np.array([e.step for e in events], dtype=np.float64)
+            run.returns = np.array([e.value for e in events], dtype=np.float64)
+            order = np.argsort(run.steps, kind="stable")
+            run.steps, run.returns = run.steps[order], run.returns[order]
+        elif tag == SPS_TAG:
+            run.sps = float(np.median([e.value for e in events]))
+    if math.isfinite(first):
+        run.wall_time, run.last_event, run.last_step = last - first, last, int(last_step)
+    for tag in tags.get("tensors", []):
+        if tag.startswith("hyperparameters"):
+            try:
+                text = acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()
+            except (IndexError, UnicodeDecodeError):
+                continue
+            total = parse_hparams(text).get("total_timesteps")
+            if total and total.lstrip("-").isdigit():
+                run.total_timesteps = int(total)
+    return run
+
+
+def load_references(path: str) -> dict[str, list[tuple[str, str]]]:
+    refs: dict[str, list[tuple[str, str]]] = {}
+    if not path or not os.path.exists(path):
+        return refs
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            env = (row.get("env") or "").strip()
+            if env and not env.startswith("#"):
+                refs.setdefault(env.replace("/", "_"), []).append((row["score"].strip(), row["source"].strip()))
+    return refs
+
+
+def fmt_num(x: float | None, digits: int = 1) -> str:
+    if x is None or not math.isfinite(x):
+        return DASH
+    return f"{x:,.{digits}f}"
+
+
+def fmt_time(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def group_stats(runs: list[Run], last_n: int) -> dict:
+    finals = [r.final_return(last_n) for r in runs]
+    finals = [f for f in finals if f is not None]
+    sps = [r.sps for r in runs if r.sps is not None]
+    return {
+        "n": len(runs),
+        "n_with_episodes": len(finals),
+        "mean": float(np.mean(finals)) if finals else None,
+        "std": float(np.std(finals, ddof=1)) if len(finals) > 1 else (0.0 if finals else None),
+        "steps_min": min(r.last_step for r in runs),
+        "steps_max": max(r.last_step for r in runs),
+        "wall_mean": float(np.mean([r.wall_time for r in runs])),
+        "sps": float(np.mean(sps)) if sps else None,
+    }
+
+
+def curve_on_grid(runs: list[Run], grid: np.ndarray, smooth: int) -> np.ndarray:
+    """One row per run: its (smoothed) episodic return interpolated onto grid, NaN outside the steps it covered."""
+    rows = []
+    for r in runs:
+        row = np.full(len(grid), np.nan)
+        if r.episodes:
+            k = max(1, min(smooth, r.episodes))
+            csum = np.cumsum(np.insert(r.returns, 0, 0.0))
+            ma = np.empty(r.episodes)
+            idx = np.arange(r.episodes)
+            lo = np.maximum(0, idx - k + 1)
+            ma[:] = (csum[idx + 1] - csum[lo]) / (idx + 1 - lo)  # trailing mean over up to k episodes
+            inside = (grid >= r.steps[0]) & (grid <= r.steps[-1])
+            row[inside] = np.interp(grid[inside], r.steps, ma)
+        rows.append(row)
+    return np.array(rows)
+
+
+def plot_env(env: str, groups: dict[str, list[Run]], out_dir: str, grid_points: int, smooth: int) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    max_step = max((r.steps[-1] for runs in groups.values() for r in runs if r.episodes), default=0)
+    if max_step <= 0:
+        return None
+    grid = np.linspace(0, max_step, grid_points)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for exp, runs in sorted(groups.items()):
+        ys = curve_on_grid(runs, grid, smooth)
+        if np.all(np.isnan(ys)):
+            continue
+        with np.errstate(all="ignore"), _quiet_nan_warnings():
+            mean, lo, hi = np.nanmean(ys, 0), np.nanmin(ys, 0), np.nanmax(ys, 0)
+        n = sum(r.episodes > 0 for r in runs)
+        all_seeds = np.sum(~np.isnan(ys), 0) == n  # solid where every seed has data, dashed where some stopped
+        (line,) = ax.plot(grid, np.where(all_seeds, mean, np.nan), label=f"{exp} ({n} seed{'s' if n != 1 else ''})")
+        ax.plot(grid, np.where(all_seeds, np.nan, mean), color=line.get_color(), linestyle="--", linewidth=1)
+        ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_title(f"{env}: mean over seeds, min-max band", fontsize=10)
+    ax.set_xlabel("agent steps")
+    ax.set_ylabel(f"episodic return ({smooth}-episode moving avg)")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"curve_{re.sub(r'[^A-Za-z0-9._-]', '_', env)}.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+class _quiet_nan_warnings:
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s: float) -> str:
+    by_group: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        by_group.setdefault((r.exp, r.env), []).append(r)
+    lines = [
+        "| script (exp_name) | env | seeds | return, last "
+        f"{last_n} episodes (mean ± std) | steps reached | wall time | SPS | reference | status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (exp, env), group in sorted(by_group.items()):
+        s = group_stats(group, last_n)
+        if s["mean"] is None:
+            ret = DASH
+        elif s["n_with_episodes"] > 1:
+            ret = f"{fmt_num(s['mean'])} ± {fmt_num(s['std'])}"
+        else:
+            ret = fmt_num(s["mean"])
+        if s["n_with_episodes"] < s["n"]:
+            ret += f" ({s['n_with_episodes']}/{s['n']} runs with episodes)"
+        steps = f"{s['steps_min']:,}" if s["steps_min"] == s["steps_max"] else f"{s['steps_min']:,}–{s['steps_max']:,}"
+        ref = "; ".join(f"{score} ({src})" for score, src in refs.get(env, [])) or DASH
+        states = sorted({r.status(now, recent_s) for r in group})
+        lines.append(
+            f"| {exp} | {env} | {s['n']} | {ret} | {steps} | {fmt_time(s['wall_mean'])} | {fmt_num(s['sps'], 0)} "
+            f"| {ref} | {', '.join(states)} |"
+        )
+    lines += [
+        "",
+        "Per run:",
+        "",
+        "| run | episodes | return, last episodes | steps | wall time | SPS | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name)):
+        lines.append(
+            f"| {r.name} | {r.episodes} | {fmt_num(r.final_return(last_n))} | {r.last_step:,} | "
+            f"{fmt_time(r.wall_time)} | {fmt_num(r.sps, 0)} | {r.status(now, recent_s)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs_dir", help="folder holding run directories (e.g. runs/)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"), help="output folder for report.md and PNGs")
+    p.add_argument("--refs", default=os.path.join(HERE, "reference_scores.csv"), help="reference scores CSV")
+    p.add_argument("--last-n", type=int, default=100, help="episodes averaged at the end of each run")
+    p.add_argument("--smooth", type=int, default=20, help="episodes in the curves' moving average")
+    p.add_argument("--grid-points", type=int, default=200, help="points of the common step grid for curves")
+    p.add_argument("--running-window", type=float, default=600, help="seconds since last event to call a run running")
+    p.add_argument("--no-plots", action="store_true", help="write the table only")
+    p.add_argument("--filter", default="", help="only runs whose directory name contains this text")
+    args = p.parse_args(argv)
+
+    if not os.path.isdir(args.runs_dir):
+        print(
+            f"error: runs directory '{args.runs_dir}' not found; pass the folder the scripts wrote (runs/)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.last_n < 1 or args.smooth < 1 or args.grid_points < 2:
+        print("error: --last-n and --smooth must be >= 1 and --grid-points >= 2", file=sys.stderr)
+        return 2
+    runs, skipped = [], []
+    for d in find_run_dirs(args.runs_dir):
+        if args.filter and args.filter not in os.path.basename(d):
+            continue
+        run = load_run(d)
+        (runs if run else skipped).append(run or d)
+    if not runs:
+        print(
+            f"error: no run directories named env__exp__seed__timestamp with event files under '{args.runs_dir}'",
+            file=sys.stderr,
+        )
+        return 2
+
+    os.makedirs(args.out, exist_ok=True)
+    refs = load_references(args.refs)
+    table = build_report(runs, refs, args.last_n, time.time(), args.running_window)
+    body = [
+        f"# Results from `{args.runs_dir}`",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+    ]
+    body += [table]
+    if not args.no_plots:
+        by_env: dict[str, dict[str, list[Run]]] = {}
+        for r in runs:
+            by_env.setdefault(r.env, {}).setdefault(r.exp, []).append(r)
+        body.append("## Learning curves\n")
+        for env, groups in sorted(by_env.items()):
+            path = plot_env(env, groups, args.out, args.grid_points, args.smooth)
+            body.append(f"![{env}]({os.path.basename(path)})\n" if path else f"{env}: no episodes yet\n")
+    if skipped:
+        body.append("Skipped (name not env__exp__seed__timestamp): " + ", ".join(sorted(skipped)) + "\n")
+    report_path = os.path.join(args.out, "report.md")
+    with open(report_path, "w") as f:
+        f.write("\n".join(body))
+    print(table, end="")
+    print(f"wrote {report_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
