@@ -222,7 +222,7 @@ def estimate_memory(
     ``optimizer`` is one of adam, adamw, rmsprop, sgd_momentum, sgd (its state holds 2, 2, 1, 1, 0 copies of the
     trainable weights). When ``activation_bytes`` is None and ``example_input`` is given, activations are measured
     from one no-grad forward pass (leaf-module output sizes) scaled to ``batch_size`` rows; autograd keeps about
-    that much for backward.
+    that much for backward. The CUDA context is counted only when the model's weights are on a GPU.
     """
     key = optimizer.lower()
     if key not in _OPTIMIZER_STATES:
@@ -238,7 +238,7 @@ def estimate_memory(
         batch=batch_bytes,
         rollout=rollout_bytes,
         activations=activation_bytes,
-        cuda_context=CUDA_CONTEXT_BYTES,
+        cuda_context=CUDA_CONTEXT_BYTES if any(t.is_cuda for t in model.parameters()) else 0,
     )
 
 

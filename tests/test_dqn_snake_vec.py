@@ -1,0 +1,505 @@
+"""Tests for dqn_snake_vec.py: Snake rules cell by cell, resets, a plain-Python reference, replay, n-step, runs."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "dqn_snake_vec.py")
+sys.path.insert(0, ROOT)
+from dqn_snake_vec import DOWN, LEFT, RIGHT, UP, NStep, QNetwork, ReplayBuffer, VecSnake  # noqa: E402
+
+torch.set_num_threads(1)
+MODES = ["sparse", "dense"]
+MOVES = {UP: (-1, 0), RIGHT: (0, 1), DOWN: (1, 0), LEFT: (0, -1)}
+
+
+def body_of(env, i):
+    """Snake cells of game i as (row, col), head first (sorted by age)."""
+    ages = env.board[i].tolist()
+    cells = sorted((a, k) for k, a in enumerate(ages) if a > 0)
+    return [divmod(k, env.w) for _, k in reversed(cells)]
+
+
+def game(h, w, body, direction, food, mode="sparse", n=1):
+    env = VecSnake(n, h, w, seed=0, mode=mode)
+    env.reset()
+    for i in range(n):
+        env.set_game(i, body, direction, food)
+    return env
+
+
+def act(env, *actions):
+    return env.step(torch.tensor(actions, dtype=torch.long))
+
+
+def planes(obs, i, env):
+    """(head, body, food, order) of game i as nested lists of rows."""
+    return [obs[i, p].tolist() for p in range(4)]
+
+
+# ---------------------------------------------------------------- rules, cell by cell
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_move_turn_and_observation(mode):
+    env = game(5, 5, [(2, 2), (2, 1), (2, 0)], RIGHT, (0, 4), mode)
+    obs, reward, term, trunc, info = act(env, RIGHT)
+    assert body_of(env, 0) == [(2, 3), (2, 2), (2, 1)]
+    assert (reward.item(), term.item(), trunc.item(), int(env.food[0])) == (0.0, False, False, 4)
+    head, body, food, order = planes(obs, 0, env)
+    assert head[2][3] == 1 and sum(map(sum, head)) == 1
+    assert food[0][4] == 1 and sum(map(sum, food)) == 1
+    assert [order[2][c] for c in range(5)] == [0, 1, 2, 3, 0] and sum(map(sum, order)) == 6
+    assert [body[2][c] for c in range(5)] == [0, 1, 1, 1, 0] and sum(map(sum, body)) == 3
+    assert torch.equal(obs, info["final_obs"])
+    act(env, UP)
+    assert body_of(env, 0) == [(1, 3), (2, 3), (2, 2)] and int(env.direction[0]) == UP
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_eat_grow_and_tail_follows(mode):
+    env = game(5, 5, [(2, 2), (2, 1), (2, 0)], RIGHT, (2, 3), mode)
+    obs, reward, term, _, info = act(env, RIGHT)
+    assert reward.item() == 1.0 and not term.item()
+    assert body_of(env, 0) == [(2, 3), (2, 2), (2, 1), (2, 0)]  # the tail stays on the eating step
+    assert (int(env.length[0]), int(info["score"][0]), int(info["length"][0])) == (4, 1, 4)
+    food = int(env.food[0])
+    assert env.board[0, food] == 0  # new food on an empty cell
+    assert obs[0, 2].reshape(-1)[food] == 1
+    env.food[0] = 0  # keep it out of the way: (0, 0)
+    act(env, RIGHT)
+    assert body_of(env, 0) == [(2, 4), (2, 3), (2, 2), (2, 1)]  # now the tail follows
+    act(env, DOWN)
+    assert body_of(env, 0) == [(3, 4), (2, 4), (2, 3), (2, 2)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_wall_death_returns_terminal_board_and_resets(mode):
+    env = game(5, 5, [(2, 4), (2, 3), (2, 2)], RIGHT, (0, 0), mode)
+    before = env.observe().clone()
+    obs, reward, term, trunc, info = act(env, RIGHT)
+    assert (reward.item(), term.item(), trunc.item()) == (-1.0, True, False)
+    assert torch.equal(info["final_obs"], before)  # the board as it was before the fatal move
+    assert int(info["length"][0]) == 3 and int(info["episode_length"][0]) == 1 and info["episode_return"][0] == -1
+    assert len(body_of(env, 0)) == 3 and int(env.ep_len[0]) == 0 and float(env.ep_return[0]) == 0.0
+    assert torch.equal(obs, env.observe())  # the next observation is the new game's
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "body,direction,action",
+    [
+        ([(0, 2), (1, 2), (2, 2)], UP, UP),
+        ([(2, 0), (2, 1), (2, 2)], LEFT, LEFT),
+        ([(4, 1), (3, 1), (2, 1)], DOWN, DOWN),
+    ],
+)
+def test_every_wall_kills(mode, body, direction, action):
+    env = game(5, 5, body, direction, (0, 4), mode)
+    _, reward, term, _, _ = act(env, action)
+    assert reward.item() == -1.0 and term.item()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_self_collision(mode):
+    # head (1,1) came from (1,2); moving down hits (2,1), which is not the tail (2,0)
+    env = game(5, 5, [(1, 1), (1, 2), (2, 2), (2, 1), (2, 0)], LEFT, (4, 4), mode)
+    _, reward, term, _, info = act(env, DOWN)
+    assert (reward.item(), term.item(), int(info["length"][0])) == (-1.0, True, 5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_moving_into_the_leaving_tail_is_legal(mode):
+    env = game(5, 5, [(1, 1), (1, 2), (2, 2), (2, 1)], LEFT, (4, 4), mode)
+    _, reward, term, _, _ = act(env, DOWN)
+    assert (reward.item(), term.item()) == (0.0, False)
+    assert body_of(env, 0) == [(2, 1), (1, 1), (1, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reverse_action_continues_straight(mode):
+    env = game(5, 5, [(2, 2), (2, 1), (2, 0)], RIGHT, (0, 0), mode)
+    act(env, LEFT)
+    assert body_of(env, 0) == [(2, 3), (2, 2), (2, 1)] and int(env.direction[0]) == RIGHT
+    env = game(5, 5, [(2, 2), (3, 2), (4, 2)], UP, (0, 0), mode)
+    act(env, DOWN)
+    assert body_of(env, 0) == [(1, 2), (2, 2), (3, 2)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_win_on_full_board(mode):
+    path = [(2, 1), (2, 0), (1, 0), (1, 1), (1, 2), (0, 2), (0, 1), (0, 0)]  # 8 of 9 cells, head first
+    env = game(3, 3, path, RIGHT, (2, 2), mode)
+    obs, reward, term, trunc, info = act(env, RIGHT)
+    assert (reward.item(), term.item(), trunc.item(), int(info["length"][0])) == (1.0, True, False, 9)
+    final = info["final_obs"][0]
+    assert final[1].sum() == 9 and final[2].sum() == 0 and final[0][2][2] == 1 and final[3].max() == 9
+    assert len(body_of(env, 0)) == 3  # a new game started
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_truncation_after_2hw_steps_without_food(mode):
+    env = game(5, 5, [(1, 1), (1, 2), (2, 2)], LEFT, (4, 4), mode)
+    loop = [DOWN, RIGHT, UP, LEFT]  # circles a 2x2 block: each move enters the cell the tail leaves
+    for t in range(1, 51):
+        before = body_of(env, 0)
+        obs, reward, term, trunc, info = act(env, loop[(t - 1) % 4])
+        assert not term.item() and reward.item() == 0.0
+        if t < 50:
+            assert not trunc.item() and len(before) == 3
+    assert trunc.item() and int(info["episode_length"][0]) == 50
+    final = info["final_obs"][0]
+    assert final[1].sum() == 3 and final[2][4][4] == 1  # the true last board, not the reset one
+    assert int(env.ep_len[0]) == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reset_of_one_game_leaves_the_others_untouched(mode):
+    n = 8
+    envs = []
+    for crash in (True, False):
+        env = VecSnake(n, 6, 6, seed=3, mode=mode)
+        env.reset()
+        for i in range(n):
+            env.set_game(i, [(2, 2), (2, 1), (2, 0)], RIGHT, (5, 5))
+        if crash:
+            env.set_game(3, [(2, 5), (2, 4), (2, 3)], RIGHT, (5, 5))
+        envs.append(env)
+    outs = [act(env, *[RIGHT] * n) for env in envs]
+    assert outs[0][2][3].item() and not outs[1][2][3].item()
+    others = [i for i in range(n) if i != 3]
+    for name in VecSnake._state_names:
+        assert torch.equal(getattr(envs[0], name)[others], getattr(envs[1], name)[others]), name
+    assert torch.equal(outs[0][0][others], outs[1][0][others])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_food_is_uniform_over_empty_cells(mode):
+    env = game(3, 4, [(1, 1), (1, 2), (2, 2), (2, 1)], LEFT, (0, 0), mode, n=2000)
+    env._place_food(torch.ones(env.n, dtype=torch.bool))
+    counts = torch.bincount(env.food, minlength=env.hw)
+    snake = [1 * 4 + 1, 1 * 4 + 2, 2 * 4 + 2, 2 * 4 + 1]
+    assert counts[snake].sum() == 0
+    free = [k for k in range(env.hw) if k not in snake]
+    assert counts[free].min() > 2000 / 8 * 0.7 and counts[free].max() < 2000 / 8 * 1.3
+
+
+def test_starts_are_uniform_and_valid():
+    env = VecSnake(4000, 4, 5, seed=1)
+    env.reset()
+    heads = torch.bincount(env.direction, minlength=4)
+    assert heads.min() > 4000 / 4 * 0.8
+    for i in range(50):
+        body = body_of(env, i)
+        dr, dc = MOVES[int(env.direction[i])]
+        assert body == [(body[0][0] - k * dr, body[0][1] - k * dc) for k in range(3)]
+        assert env.board[i, env.food[i]] == 0
+
+
+@pytest.mark.parametrize("h,w,dtype", [(5, 25, torch.int8), (12, 12, torch.int16)])
+def test_grid_dtype_and_invariants_on_bigger_boards(h, w, dtype):
+    env = VecSnake(16, h, w, seed=2)
+    env.reset()
+    assert env.ages.dtype == dtype
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        obs, *_ = env.step(torch.randint(0, 4, (16,), generator=gen))
+        for i in range(16):
+            ages = sorted(a for a in env.board[i].tolist() if a > 0)
+            assert ages == list(range(1, int(env.length[i]) + 1)) and env.board[i, env.food[i]] == 0
+        assert torch.equal(obs[:, 3].reshape(16, -1), env.board.to(torch.uint8))
+
+
+# ---------------------------------------------------------------- plain-Python reference
+
+
+class RefSnake:
+    """Plain-Python Snake with the same rules; food and start positions are read from the vector env."""
+
+    def __init__(self, h, w, body, direction, food):
+        self.h, self.w = h, w
+        self.body, self.direction, self.food = deque(body), direction, food
+        self.since_food, self.score, self.steps = 0, 0, 0
+
+    def step(self, action):
+        if (action + 2) % 4 == self.direction:
+            action = self.direction
+        dr, dc = MOVES[action]
+        r, c = self.body[0][0] + dr, self.body[0][1] + dc
+        self.steps += 1
+        self.since_food += 1
+        if not (0 <= r < self.h and 0 <= c < self.w):
+            return -1.0, True, False
+        eat = (r, c) == self.food
+        if not eat:
+            tail = self.body.pop()
+        if (r, c) in self.body:
+            if not eat:
+                self.body.append(tail)
+            return -1.0, True, False
+        self.body.appendleft((r, c))
+        self.direction = action
+        if eat:
+            self.score += 1
+            self.since_food = 0
+            if len(self.body) == self.h * self.w:
+                return 1.0, True, False
+            self.food = None  # the env chooses
+            return 1.0, False, False
+        return 0.0, False, self.since_food >= 2 * self.h * self.w
+
+    def ages(self):
+        grid = [0] * (self.h * self.w)
+        for k, (r, c) in enumerate(self.body):
+            grid[r * self.w + c] = len(self.body) - k
+        return grid
+
+
+def ref_from_env(env, i):
+    body = body_of(env, i)
+    dr, dc = MOVES[int(env.direction[i])]
+    assert len(body) == 3 and body == [(body[0][0] - k * dr, body[0][1] - k * dc) for k in range(3)]
+    food = divmod(int(env.food[i]), env.w)
+    assert food not in body
+    return RefSnake(env.h, env.w, body, int(env.direction[i]), food)
+
+
+@pytest.mark.parametrize("mode,h,w", [("sparse", 5, 5), ("dense", 4, 6)])
+def test_matches_plain_python_reference(mode, h, w):
+    n, steps = 24, 1200
+    env = VecSnake(n, h, w, seed=7, mode=mode)
+    env.reset()
+    refs = [ref_from_env(env, i) for i in range(n)]
+    rng = torch.Generator().manual_seed(11)
+    random_actions = torch.randint(0, 4, (steps, n), generator=rng).tolist()
+    greedy_draw = torch.rand(steps, n, generator=rng).tolist()
+    counts = dict(eat=0, die=0, trunc=0, win=0)
+    for t in range(steps):
+        actions = []
+        for i, ref in enumerate(refs):  # mostly head for the food, so snakes grow long and crowd the board
+            a = random_actions[t][i]
+            if greedy_draw[t][i] < 0.7:
+                (hr, hc), (fr, fc) = ref.body[0], ref.food
+                a = DOWN if fr > hr else UP if fr < hr else RIGHT if fc > hc else LEFT
+            actions.append(a)
+        obs, reward, term, trunc, info = env.step(torch.tensor(actions))
+        final = info["final_obs"]
+        for i, ref in enumerate(refs):
+            r, te, tr = ref.step(actions[i])
+            assert (reward[i].item(), term[i].item(), trunc[i].item()) == (r, te, tr), (t, i)
+            if ref.food is None:  # the env placed new food: it must be on an empty cell of the reference board
+                ref.food = divmod(int(env.food[i]), w)
+                assert ref.food not in ref.body
+            expected = ref.ages()
+            assert final[i, 3].reshape(-1).tolist() == expected, (t, i)
+            assert int(info["score"][i]) == ref.score and int(info["episode_length"][i]) == ref.steps
+            counts["eat"] += r > 0
+            counts["die"] += r < 0
+            counts["trunc"] += tr
+            counts["win"] += te and r > 0
+            if te or tr:
+                refs[i] = ref = ref_from_env(env, i)
+            else:
+                assert final[i, 0].reshape(-1).argmax().item() == ref.body[0][0] * w + ref.body[0][1]
+            assert obs[i, 3].reshape(-1).tolist() == ref.ages()
+            assert obs[i, 2].reshape(-1).argmax().item() == ref.food[0] * w + ref.food[1]
+    assert counts["eat"] > 300 and counts["die"] > 100, counts
+
+
+# ---------------------------------------------------------------- replay and n-step
+
+
+def test_replay_buffer_wraps_around():
+    rb = ReplayBuffer(5, (4, 2, 2), torch.device("cpu"), torch.device("cpu"))
+    for start in (0, 3):
+        vals = torch.arange(start, start + 3)
+        obs = vals.view(3, 1, 1, 1).expand(3, 4, 2, 2).to(torch.uint8)
+        rb.add(obs, vals, vals.float(), obs + 100, vals > 4, torch.full((3,), 0.9))
+    assert rb.rewards.tolist() == [5.0, 1.0, 2.0, 3.0, 4.0]
+    assert rb.obs[:, 0, 0, 0].tolist() == [5, 1, 2, 3, 4] and rb.next_obs[0, 0, 0, 0] == 105
+    assert rb.terminated.tolist() == [True, False, False, False, False]
+    assert (rb.ptr, rb.size) == (1, 5)
+    obs, actions, rewards, next_obs, term, disc = rb.sample(64, torch.Generator().manual_seed(0))
+    assert torch.equal(obs[:, 0, 0, 0].long(), actions) and torch.equal(rewards, actions.float())
+    assert set(actions.tolist()) <= {1, 2, 3, 4, 5}
+
+
+def test_nstep_targets_by_hand():
+    gamma, nstep = 0.5, NStep(3, 0.5, 2, (4, 1, 1), torch.device("cpu"))
+    rewards = [[1, 1], [2, 1], [4, 1], [8, 1], [16, 1]]
+    terminated = [[False, False], [True, False], [False, False], [False, False], [False, False]]
+    truncated = [[False, False], [False, False], [False, True], [False, False], [False, False]]
+    out = []
+    for t in range(5):
+        obs = torch.tensor([10 * t, 10 * t + 1], dtype=torch.uint8).view(2, 1, 1, 1).expand(2, 4, 1, 1)
+        term, trunc = torch.tensor(terminated[t]), torch.tensor(truncated[t])
+        out.append(
+            nstep.push(obs, torch.tensor([t, t]), torch.tensor(rewards[t]).float(), obs + 100, term, term | trunc)
+        )
+    assert out[0] is None and out[1] is None
+    # (start step, env) -> (return, next_obs value, terminated, discount), computed by hand
+    expected = {
+        (0, 0): (1 + gamma * 2, 110, True, gamma**2),  # env 0 terminates at step 1
+        (0, 1): (1 + gamma + gamma**2, 121, False, gamma**3),  # env 1 truncates at step 2: bootstrap
+        (1, 0): (2, 110, True, gamma),
+        (1, 1): (1 + gamma, 121, False, gamma**2),
+        (2, 0): (4 + gamma * 8 + gamma**2 * 16, 140, False, gamma**3),  # the new episode, full n steps
+        (2, 1): (1, 121, False, gamma),
+    }
+    for start in range(3):
+        obs, actions, ret, nxt, term, disc = out[start + 2]
+        for e in range(2):
+            want = expected[(start, e)]
+            got = (ret[e].item(), int(nxt[e, 0, 0, 0]), term[e].item(), disc[e].item())
+            assert got == pytest.approx(want), (start, e)
+            assert int(obs[e, 0, 0, 0]) == 10 * start + e and actions[e].item() == start
+
+
+def test_one_step_returns_are_plain_td():
+    nstep = NStep(1, 0.9, 2, (4, 1, 1), torch.device("cpu"))
+    obs = torch.zeros(2, 4, 1, 1, dtype=torch.uint8)
+    term = torch.tensor([True, False])
+    out = nstep.push(obs, torch.tensor([1, 2]), torch.tensor([1.0, -1.0]), obs + 7, term, term)
+    assert out[2].tolist() == [1.0, -1.0] and out[4].tolist() == [True, False]
+    assert out[5].tolist() == pytest.approx([0.9, 0.9]) and int(out[3][1, 0, 0, 0]) == 7
+
+
+def test_qnetwork_and_render_shapes():
+    env = VecSnake(3, 6, 7, seed=0)
+    obs = env.reset()
+    assert obs.shape == (3, 4, 6, 7) and obs.dtype == torch.uint8
+    assert QNetwork(6, 7)(obs).shape == (3, 4)
+    frame = env.render(1, cell=4)
+    assert frame.shape == (24, 28, 3) and frame.dtype.name == "uint8"
+    head = int(env.head[1])
+    assert tuple(frame[(head // 7) * 4, (head % 7) * 4]) == (250, 220, 40)
+
+
+# ---------------------------------------------------------------- the script
+
+
+def run(args, cwd, timeout=240):
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, SCRIPT, "--num-threads", "1", "--no-progress-bar", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+SMALL = ["--num-envs", 32, "--batch-size", 32, "--buffer-size", 4096, "--learning-starts", 128, "--log-every", 256]
+
+
+def scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir)
+    acc.Reload()
+    return {key: [e.step for e in acc.Scalars(key)] for key in acc.Tags()["scalars"]}
+
+
+def test_short_training_run_logs_saves_and_evaluates(tmp_path):
+    args = [*SMALL, "--total-timesteps", 1024, "--save-model", "--height", 6, "--width", 6]
+    res = run(args + ["--capture-video", "--video-every", 16], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "memory estimate" in res.stdout
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "Snake6x6__dqn_snake_vec__1__*"))
+    tags = scalars(run_dir)
+    for key in ["charts/SPS", "charts/episodic_return", "charts/episodic_length", "charts/score", "charts/epsilon"]:
+        assert key in tags, key
+    assert "losses/td_loss" in tags and "losses/q_values" in tags and "memory/estimated_mib" in tags
+    assert max(tags["charts/SPS"]) == 1024
+    model = os.path.join(run_dir, "dqn_snake_vec.model")
+    assert os.path.isfile(model) and os.path.isfile(os.path.join(run_dir, "checkpoint.pt"))
+    assert glob.glob(str(tmp_path / "videos" / os.path.basename(run_dir) / "step*.mp4"))
+    res = run(["--eval-checkpoint", model, "--eval-episodes", 5], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "eval Snake6x6: mean_return=" in res.stdout and "over 5 episodes" in res.stdout
+
+
+def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, SCRIPT, "--num-threads", "1", "--no-progress-bar", *map(str, SMALL)]
+    proc = subprocess.Popen(
+        cmd + ["--total-timesteps", "10000000", "--log-every", "64"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines, deadline = [], time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if sum(ln.startswith("step=") for ln in lines) >= 3:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, "".join(lines) + out
+    assert "stopping on SIGTERM" in out
+    (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    k = ckpt["iteration"]
+    assert k >= 6 and ckpt["global_step"] == 32 * k
+    ckpt["args"]["total_timesteps"] = 32 * (k + 4)  # shorten the run so the test stays fast
+    torch.save(ckpt, ckpt_path)
+    res = run([*SMALL, "--resume", ckpt_path], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"at step {32 * k}" in res.stdout and f"step={32 * (k + 4)} " in res.stdout
+    assert torch.load(ckpt_path, weights_only=False)["iteration"] == k + 4
+    assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
+
+
+def test_bad_input_is_one_line_error(tmp_path):
+    res = run(["--height", 2], tmp_path)  # the other cases below raise the same ValueError in-process
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.startswith("error: --height and --width must be at least 3")
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        (dict(buffer_device="disk"), "--buffer-device"),
+        (dict(n_step=0), "--n-step"),
+        (dict(buffer_size=16), "--buffer-size"),
+        (dict(gamma=1.5), "--gamma"),
+    ],
+)
+def test_bad_arguments_are_rejected(changes, needle):
+    import dataclasses
+
+    from dqn_snake_vec import Args, validate
+
+    with pytest.raises(ValueError, match=needle):
+        validate(dataclasses.replace(Args(), **changes))
+
+
+def test_bad_checkpoints_are_rejected(tmp_path):
+    from dqn_snake_vec import load_checkpoint
+
+    (tmp_path / "bogus.pt").write_text("not a checkpoint")
+    torch.save({"weights": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="could not be read"):
+        load_checkpoint(str(tmp_path / "bogus.pt"))
+    with pytest.raises(ValueError, match="not a dqn_snake_vec checkpoint"):
+        load_checkpoint(str(tmp_path / "other.pt"))
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(str(tmp_path / "missing.pt"))
+
+
+def test_resume_keeps_the_runs_settings():
+    from dqn_snake_vec import Args, resume_args
+
+    saved = vars(Args(num_envs=32, total_timesteps=1000, learning_rate=0.1))
+    args = Args(num_envs=32, total_timesteps=5, learning_rate=0.2, gpu="false", resume="x.pt")
+    resume_args(args, saved)
+    assert (args.total_timesteps, args.learning_rate, args.gpu, args.resume) == (1000, 0.1, "false", "x.pt")
+    with pytest.raises(ValueError, match="checkpoint has num_envs=32, not 8"):
+        resume_args(Args(num_envs=8), saved)
