@@ -1,0 +1,210 @@
+"""Fast CPU tests for ppo_atari.py: GAE, full-game return accounting, logging, determinism, checkpoint/resume,
+evaluation, torchrun on gloo and the one-line errors for bad input."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "ppo_atari.py")
+sys.path.insert(0, str(ROOT))
+import ppo_atari  # noqa: E402  (importing must have no side effects)
+
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress-bar"]
+TINY += ["--env-threads", "1"]
+
+
+def env_vars():
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run(args, cwd, timeout=180, script=SCRIPT, prefix=()):
+    cmd = [sys.executable, *prefix, script, *args]
+    return subprocess.run(cmd, cwd=cwd, env=env_vars(), capture_output=True, text=True, timeout=timeout)
+
+
+def scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """Two iterations on Breakout (64 agent steps) that save a model and a checkpoint."""
+    cwd = tmp_path_factory.mktemp("base")
+    out = run([*TINY, "--total-timesteps", "64", "--save-model", "--checkpoint-every", "1"], cwd)
+    assert out.returncode == 0, out.stderr
+    (run_dir,) = glob.glob(str(cwd / "runs" / "*"))
+    return cwd, Path(run_dir), out
+
+
+def test_compute_gae_matches_hand_computation():
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    values = torch.tensor([[0.5, 0.2], [0.4, 0.3], [0.6, 0.1]])
+    dones = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])  # env 0 ends after t=0, env 1 after t=1 and t=2
+    next_value, next_done = torch.tensor([0.7, 0.9]), torch.tensor([0.0, 1.0])
+    adv, ret = ppo_atari.compute_gae(rewards, values, dones, next_value, next_done, gamma=0.9, gae_lambda=0.8)
+    # env 0: A2 = 1 + .9*.7 - .6; A1 = (0 + .9*.6 - .4) + .72*A2; A0 = 1 - .5 (episode ends)
+    # env 1: A2 = 1 - .1 (ends); A1 = 1 - .3 (ends); A0 = (0 + .9*.3 - .2) + .72*A1
+    expected = torch.tensor([[0.5, 0.07 + 0.72 * 0.7], [0.14 + 0.72 * 1.03, 0.7], [1.03, 0.9]])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected + values)
+
+
+def test_full_game_return_spans_lives():
+    tracker = ppo_atari.EpisodeTracker(2, np.array([3, 2]))
+    f, t = False, True
+    steps = [  # rewards, terminated, truncated, lives (after a game over: the new game's lives, SameStep autoreset)
+        ([5, 0], [f, f], [f, f], [3, 2]),
+        ([-2, 7], [f, f], [f, f], [2, 2]),  # env 0 loses a life
+        ([10, 0], [f, f], [f, f], [2, 1]),  # env 1 loses a life
+        ([1, 3], [t, f], [f, f], [3, 1]),  # env 0 game over
+        ([0, 0], [f, f], [f, t], [3, 2]),  # env 1 truncated
+    ]
+    dones, clipped, finished = [], [], []
+    for r, te, tr, lives in steps:
+        c, d, g = tracker.step(np.array(r), np.array(te), np.array(tr), np.array(lives))
+        clipped.append(c.tolist())
+        dones.append(d.tolist())
+        finished += g
+    assert dones == [[f, f], [t, f], [f, t], [t, f], [f, t]]
+    assert clipped == [[1, 0], [-1, 1], [1, 0], [1, 1], [0, 0]]
+    assert finished == [(0, 14.0, 4), (1, 10.0, 5)]  # raw score over all lives, length in agent steps
+
+
+def test_two_iterations_write_expected_keys(base_run):
+    cwd, run_dir, out = base_run
+    tags = scalars(run_dir)
+    for key in ["charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy"]:
+        assert key in tags, key
+    for key in ["losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac", "losses/explained_variance"]:
+        assert key in tags, key
+    assert [s for s, _ in tags["charts/learning_rate"]] == [32, 64]
+    assert [s for s, _ in tags["charts/SPS"]] == [64]  # warm-up iteration not counted
+    assert "memory estimate" in out.stdout and "1,686,693 parameters" in out.stdout
+    assert (run_dir / "checkpoint.pt").exists() and (run_dir / "ppo_atari.model").exists()
+
+
+def test_episodic_return_logged(tmp_path):
+    out = run([*TINY, "--total-timesteps", "512", "--num-steps", "128", "--num-minibatches", "1"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    tags = scalars(glob.glob(str(tmp_path / "runs" / "*"))[0])
+    # a random policy's Breakout game has 5 lives and lasts about 120+ agent steps; a life alone is ~25
+    assert tags["charts/episodic_length"] and min(v for _, v in tags["charts/episodic_length"]) > 60
+
+
+def test_same_seed_same_first_iteration_losses(base_run, tmp_path):
+    out = run([*TINY, "--total-timesteps", "64"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    first, second = scalars(base_run[1]), scalars(glob.glob(str(tmp_path / "runs" / "*"))[0])
+    for key in ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl"]:
+        assert first[key][0] == second[key][0], key
+
+
+def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
+    total = 32 * 60
+    cmd = [sys.executable, SCRIPT, *TINY, "--total-timesteps", str(total), "--checkpoint-every", "1"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env_vars(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "stopping on SIGTERM" in stdout
+    (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    assert ckpt["global_step"] < total and set(ckpt["rng"]) >= {"python", "numpy", "torch"}
+    out = run(["--resume", ckpt_path, "--no-progress-bar"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"done: global_step={total} iterations=60/60" in out.stdout
+    assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # same run dir
+    steps = [s for s, _ in scalars(Path(ckpt_path).parent)["charts/learning_rate"]]
+    assert steps[-1] == total and len(set(steps)) == 60
+
+
+def test_eval_saved_model_and_checkpoint(base_run):
+    cwd, run_dir, _ = base_run
+    for path in [run_dir / "ppo_atari.model", run_dir / "checkpoint.pt"]:
+        out = run(["--eval-checkpoint", str(path), "--eval-episodes", "2", "--num-envs", "2"], cwd)
+        assert out.returncode == 0, out.stderr
+        assert "mean_return=" in out.stdout and "std_return=" in out.stdout and "over 2 episodes" in out.stdout
+
+
+def test_gymnasium_backend(tmp_path):
+    out = run([*TINY, "--total-timesteps", "64", "--env-backend", "gymnasium"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "done: global_step=64" in out.stdout
+
+
+def test_torchrun_two_processes_gloo(tmp_path):
+    prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    out = run([*TINY, "--total-timesteps", "128", "--gpu", "false"], tmp_path, prefix=prefix)
+    assert out.returncode == 0, out.stderr
+    assert "done: global_step=128 iterations=2/2" in out.stdout  # 2 processes x 2 envs x 16 steps per iteration
+    assert "weights identical on all 2 processes: True" in out.stdout
+    assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # only rank 0 logs
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bad") / "other.pt"
+    torch.save({"weights": [1, 2, 3]}, path)
+    wrong = path.parent / "wrong.pt"
+    torch.save({"model": {"fc.weight": torch.zeros(2)}, "args": {"env_id": "ALE/Breakout-v5"}}, wrong)
+    return path, wrong
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--env-id", "ALE/NoSuchGame-v5"], "list valid ids"),
+        (["--env-id", "CartPole-v1"], "unknown env id"),
+        (["--gae-lambda", "1.5"], "--gae-lambda"),
+        (["--minibatch-size", "7"], "valid sizes near it"),
+        (["--num-minibatches", "5"], "valid: 1, 2, 4, 8"),
+        (["--gpu", "true"], "CUDA is not available"),
+        (["--gpu", "3"], "asks for GPU 3"),
+        (["--resume", "missing.pt"], "does not exist"),
+        (["--eval-checkpoint", "missing.pt"], "does not exist"),
+        (["--resume", "BAD"], "not a ppo_atari checkpoint"),
+        (["--eval-checkpoint", "WRONG"], "does not fit"),
+        (["--resume", "WRONG"], "holds no training state"),
+    ],
+)
+def test_bad_input_gives_one_line_error(args, needle, tmp_path, bad_checkpoint):
+    if args[:1] == ["--gpu"] and torch.cuda.device_count() > (0 if args[1] == "true" else 3):
+        pytest.skip("this machine can satisfy the request")
+    args = [str(bad_checkpoint[0]) if a == "BAD" else str(bad_checkpoint[1]) if a == "WRONG" else a for a in args]
+    base = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "64", "--no-progress-bar"]
+    if "--minibatch-size" not in args and "--num-minibatches" not in args:
+        base += ["--minibatch-size", "16"]
+    out = run([*base, *args], tmp_path, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_agent_view_recorder_writes_first_game(tmp_path):
+    recorder = ppo_atari.AgentViewRecorder(str(tmp_path / "videos"))
+    frames = np.random.default_rng(0).integers(0, 255, (10, 84, 84), dtype=np.uint8)
+    paths = [recorder.add(frame, game_over=i == 9) for i, frame in enumerate(frames)]
+    assert paths[:9] == [None] * 9 and paths[9].endswith("episode-0.mp4") and os.path.getsize(paths[9]) > 0
+    assert recorder.add(frames[0], game_over=True) is not None  # episode 1 is on the cubic schedule too
+    assert recorder.add(frames[0], game_over=True) is None  # episode 2 is not
