@@ -1,6 +1,5 @@
 # PPO for continuous control (Gaussian policy), CleanRL style, with GPU-heavy presets.
 # Usage: python ppo_continuous.py --env-id HalfCheetah-v5      python ppo_continuous.py --preset heavy
-import math
 import os
 import random
 import signal
@@ -14,6 +13,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 import gpu_utils
 
@@ -62,7 +63,6 @@ class Args:
     """bf16 autocast in the update"""
     torch_threads: int = 0
     """torch CPU threads (0: 1 thread for networks under 256 units, else all cores)"""
-
     env_id: str = "HalfCheetah-v5"
     """any gymnasium env id with a continuous (Box) action space"""
     preset: Literal["fast", "heavy", "beast"] | None = None
@@ -113,16 +113,12 @@ PRESETS = {  # n_envs, n_steps, minibatch size, epochs, network
     "heavy": dict(num_envs=32, num_steps=256, batch_size="4096", update_epochs=20, network_arch="1024,512,256"),
     "beast": dict(num_envs=64, num_steps=512, batch_size="8192", update_epochs=30, network_arch="1024,512,512,256"),
 }
-LOG_2PI_HALF = 0.5 * math.log(2 * math.pi)
+LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
 
 
 def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
-    """Fill unset (None) preset-able fields from the preset, then the defaults; return args and where each came from.
-
-    A flag counts as explicit when it was passed at all (even with the default value): these fields default to None.
-    """
-    preset = PRESETS.get(args.preset, {})
-    source = {}
+    """Fill unset (None) fields from the preset, then DEFAULTS; a flag passed at all (even at its default) wins."""
+    preset, source = PRESETS.get(args.preset, {}), {}
     for key in ("num_envs", "num_steps", "update_epochs", "network_arch"):
         source[key] = "explicit" if getattr(args, key) is not None else f"preset {args.preset}" if preset else "default"
         if getattr(args, key) is None:
@@ -131,34 +127,29 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
         raise ValueError("--num-envs, --num-steps and --update-epochs must be at least 1")
     if not 0.0 <= args.gae_lambda <= 1.0:
         raise ValueError(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
-    hidden_sizes(args.network_arch)
     total = args.num_envs * args.num_steps
     if args.batch_size is not None and args.num_minibatches is not None:
         raise ValueError("pass either --batch-size or --num-minibatches, not both")
     if args.num_minibatches is not None or (args.batch_size is None and not preset):
-        explicit = args.num_minibatches is not None
-        nmb = args.num_minibatches if explicit else DEFAULTS["num_minibatches"]
+        nmb = DEFAULTS["num_minibatches"] if args.num_minibatches is None else args.num_minibatches
         if nmb < 1 or total % nmb:
             raise ValueError(f"--num-minibatches {nmb} does not divide the total batch {total} (num envs x num steps)")
-        args.batch_size, source["batch_size"] = str(total // nmb), "explicit" if explicit else "default"
-    elif args.batch_size is not None:  # explicit: an integer must divide the total batch, or 'auto'
+        source["batch_size"] = "default" if args.num_minibatches is None else "explicit"
+        args.batch_size = str(total // nmb)
+    else:  # an integer dividing the total, 'auto', or the preset's size (the largest divisor below it if that fails)
         target = int(preset["batch_size"]) if preset else total // DEFAULTS["num_minibatches"]
-        size = gpu_utils.choose_batch_size(total, args.batch_size, target=target)
-        source["batch_size"] = "explicit" if args.batch_size.strip().lower() != "auto" else f"auto, <= {target}"
-        args.batch_size = str(size)
-    else:  # the preset's size, or the largest divisor below it when envs/steps were changed
-        size = gpu_utils.choose_batch_size(total, "auto", target=int(preset["batch_size"]))
-        source["batch_size"] = f"preset {args.preset}" + ("" if str(size) == preset["batch_size"] else ", auto")
+        size = gpu_utils.choose_batch_size(total, "auto" if args.batch_size is None else args.batch_size, target=target)
+        if args.batch_size is None:
+            source["batch_size"] = f"preset {args.preset}" + ("" if size == target else ", auto")
+        else:
+            source["batch_size"] = f"auto, <= {target}" if args.batch_size.strip().lower() == "auto" else "explicit"
         args.batch_size = str(size)
     args.num_minibatches = total // int(args.batch_size)
     return args, source
 
 
 def hidden_sizes(arch: str) -> list[int]:
-    try:
-        sizes = [int(s) for s in arch.split(",") if s.strip()]
-    except ValueError:
-        sizes = []
+    sizes = [int(s) if s.strip().isdecimal() else 0 for s in arch.split(",") if s.strip()]
     if not sizes or min(sizes) < 1:
         raise ValueError(f"--network-arch {arch!r} must be comma-separated positive sizes, e.g. 64,64")
     return sizes
@@ -168,11 +159,9 @@ def make_env(env_id, idx, capture_video, run_name, in_subprocess):
     def thunk():
         if in_subprocess:  # the parent handles Ctrl-C and closes the workers
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+        env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
-        else:
-            env = gym.make(env_id)
         if len(env.observation_space.shape or ()) != 1:
             env = gym.wrappers.FlattenObservation(env)
         return DropInfo(env)
@@ -184,8 +173,7 @@ class DropInfo(gym.Wrapper):
     """Drop the per-step info dict (MuJoCo's reward terms): batching it costs more than the rest of a vector step."""
 
     def step(self, action):
-        obs, reward, terminated, truncated, _ = self.env.step(action)
-        return obs, reward, terminated, truncated, {}
+        return *self.env.step(action)[:4], {}
 
 
 class RunningMeanStd:
@@ -196,7 +184,7 @@ class RunningMeanStd:
 
     def update(self, x):
         b_count = x.shape[0]
-        b_mean = x.sum(0) / b_count
+        b_mean = x.sum(0) / b_count  # sum/count: np.mean and np.var cost more than the update itself on tiny batches
         b_var = np.square(x - b_mean).sum(0) / b_count
         delta, tot = b_mean - self.mean, self.count + b_count
         self.mean = self.mean + delta * (b_count / tot)
@@ -207,20 +195,14 @@ class RunningMeanStd:
 class ObsNormalizer(nn.Module):
     """Observation-normalisation statistics as buffers, so they are saved and loaded with the model."""
 
-    def __init__(self, obs_dim, clip=10.0, eps=1e-8):
+    def __init__(self, obs_dim):
         super().__init__()
-        self.clip, self.eps = clip, eps
         self.register_buffer("mean", torch.zeros(obs_dim, dtype=torch.float64))
         self.register_buffer("var", torch.ones(obs_dim, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def forward(self, obs):
-        return ((obs - self.mean) / torch.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip).float()
-
-    def to_rms(self) -> RunningMeanStd:
-        rms = RunningMeanStd()
-        rms.mean, rms.var, rms.count = self.mean.cpu().numpy().copy(), self.var.cpu().numpy().copy(), self.count.item()
-        return rms
+        return ((obs - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
 
     def load_rms(self, rms: RunningMeanStd):
         self.mean.copy_(torch.from_numpy(np.asarray(rms.mean)))
@@ -253,9 +235,8 @@ class Agent(nn.Module):
     def forward(self, norm_obs):  # normalised observations -> action mean, value
         return self.actor_mean(norm_obs), self.critic(norm_obs)
 
-    def act(self, raw_obs, deterministic=True):  # raw observations -> actions, with the saved statistics
-        mean = self.actor_mean(self.obs_norm(raw_obs))
-        return mean if deterministic else mean + self.actor_logstd.exp() * torch.randn_like(mean)
+    def act(self, raw_obs):  # raw observations -> deterministic (mean) actions, with the saved statistics
+        return self.actor_mean(self.obs_norm(raw_obs))
 
 
 def ppo_loss(agent, args, obs, actions, logprobs, advantages, returns, values):
@@ -281,10 +262,9 @@ def ppo_loss(agent, args, obs, actions, logprobs, advantages, returns, values):
 
 @torch.no_grad()
 def ppo_stats(args, pg_loss, v_loss, entropy, logratio, ratio):
-    """Logged diagnostics of one minibatch (computed only for the last minibatch of each epoch)."""
-    old_approx_kl, approx_kl = (-logratio).mean(), ((ratio - 1) - logratio).mean()
+    """Logged diagnostics, computed only for the last minibatch of each epoch (no host sync per minibatch)."""
     clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-    return torch.stack([pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac])
+    return torch.stack([pg_loss, v_loss, entropy, (-logratio).mean(), ((ratio - 1) - logratio).mean(), clipfrac])
 
 
 def clip_grad_norm(grads, max_norm):
@@ -298,64 +278,55 @@ def load_checkpoint(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        assert isinstance(ckpt, dict) and "agent" in ckpt and "args" in ckpt
+        assert isinstance(ckpt, dict) and "agent" in ckpt
+        ckpt["args"] = {k: v for k, v in ckpt["args"].items() if k in Args.__dataclass_fields__}
     except Exception:
         raise ValueError(f"{path} is not a ppo_continuous.py checkpoint or model file") from None
     return ckpt
 
 
+@torch.no_grad()
 def evaluate(args):
     ckpt = load_checkpoint(args.eval_checkpoint)
-    saved = Args(**{k: v for k, v in ckpt["args"].items() if k in Args.__dataclass_fields__})
-    env = gym.make(saved.env_id)
-    if len(env.observation_space.shape or ()) != 1:
-        env = gym.wrappers.FlattenObservation(env)
+    saved = Args(**ckpt["args"])
+    env = make_env(saved.env_id, 0, False, "", False)()
     agent = Agent(env.observation_space.shape[0], env.action_space.shape[0], hidden_sizes(saved.network_arch))
     agent.load_state_dict(ckpt["agent"])
-    returns = []
-    obs, _ = env.reset(seed=args.seed)
+    returns, (obs, _) = [], env.reset(seed=args.seed)
     while len(returns) < args.eval_episodes:
         ep_return, done = 0.0, False
         while not done:
-            with torch.no_grad():
-                action = agent.act(torch.from_numpy(np.asarray(obs, dtype=np.float64))[None])[0].numpy()
+            action = agent.act(torch.from_numpy(np.asarray(obs, dtype=np.float64))[None])[0].numpy()
             obs, reward, term, trunc, _ = env.step(np.clip(action, env.action_space.low, env.action_space.high))
             ep_return, done = ep_return + float(reward), term or trunc
         returns.append(ep_return)
         obs, _ = env.reset()
     env.close()
-    print(
-        f"eval {saved.env_id}: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes"
-    )
+    print(f"eval {saved.env_id}: mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} ({len(returns)} episodes)")
     return returns
 
 
 def main(args: Args):
     if args.eval_checkpoint:
         return evaluate(args)
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume)
+    ckpt = load_checkpoint(args.resume) if args.resume else None
+    if ckpt:
         if "optimizer" not in ckpt:
             raise ValueError(f"{args.resume} is a model file, not a training checkpoint; resume needs checkpoint.pt")
-        keep = dict(resume=args.resume, progress_bar=args.progress_bar)
-        args = Args(**{**{k: v for k, v in ckpt["args"].items() if k in Args.__dataclass_fields__}, **keep})
-        source = {k: "checkpoint" for k in ("num_envs", "num_steps", "batch_size", "update_epochs", "network_arch")}
+        args = Args(**{**ckpt["args"], "resume": args.resume, "progress_bar": args.progress_bar})
+        source = dict.fromkeys(("num_envs", "num_steps", "update_epochs", "network_arch", "batch_size"), "checkpoint")
     else:
         args, source = resolve_args(args)
+    hidden = hidden_sizes(args.network_arch)
     try:
         gym.spec(args.env_id)
     except gym.error.Error:
         raise ValueError(f"unknown env id {args.env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1") from None
-    probe = gym.make(args.env_id)
-    act_space = probe.action_space
-    probe.close()
+    with gym.make(args.env_id) as probe:
+        act_space = probe.action_space
     if not isinstance(act_space, gym.spaces.Box):
-        raise ValueError(
-            f"{args.env_id} has a {type(act_space).__name__} action space; ppo_continuous.py needs a continuous (Box) "
-            "action space, e.g. Pendulum-v1 or HalfCheetah-v5"
-        )
-    hidden = hidden_sizes(args.network_arch)
+        kind = type(act_space).__name__
+        raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")
     batch, minibatch = args.num_envs * args.num_steps, int(args.batch_size)
     num_iterations = args.total_timesteps // batch
     if num_iterations < 1:
@@ -364,53 +335,35 @@ def main(args: Args):
     # device: a small MLP runs faster on the CPU (per-step host<->device copies cost more than the compute saves)
     if args.gpu == "auto" and args.preset is None and max(hidden) < 256:
         device = torch.device("cpu")
-        why = (
-            f"--gpu auto: network {args.network_arch} is small (< 256 units), the CPU is faster; --gpu true forces GPU"
-        )
+        why = f"--gpu auto: network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
     else:
         device = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
         why = f"--gpu {args.gpu}" + (", no GPU available" if device.type == "cpu" and args.gpu == "auto" else "")
     if args.cudagraphs and device.type != "cuda":
         raise ValueError("--cudagraphs needs a GPU; drop it or use --gpu true on a CUDA machine")
     tf32 = gpu_utils.enable_tf32(args.tf32) if device.type == "cuda" else False
-    run_name = (
-        ckpt["run_name"]
-        if ckpt
-        else f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    )
+    env_tag = args.env_id.replace("/", "_")
+    run_name = ckpt["run_name"] if ckpt else f"{env_tag}__{args.exp_name}__{args.seed}__{int(time.time())}"
     print(f"device: {device} ({why}){', TF32 on' if tf32 else ''}")
     print(f"config: env {args.env_id}, preset {args.preset}, {args.total_timesteps} steps, {num_iterations} iterations")
-    for key in ("num_envs", "num_steps", "batch_size", "update_epochs", "network_arch"):
-        print(f"  {key:<14} {getattr(args, key):<18} ({source[key]})")
+    for key, value in source.items():
+        print(f"  {key:<14} {getattr(args, key):<18} ({value})")
     print(f"  total batch    {batch:<18} ({args.num_minibatches} minibatches), subproc {args.subproc}")
 
     if args.track:
         import wandb
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=True,
-            save_code=True,
-            id=ckpt.get("wandb_id") if ckpt else None,
-            resume="allow",
-        )
-    from torch.utils.tensorboard import SummaryWriter
-
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, monitor_gym=True, save_code=True, resume="allow",
+                   id=ckpt.get("wandb_id") if ckpt else None)  # fmt: skip
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()]),
-    )
+    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-
     if args.capture_video and not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering
     # env setup: episode statistics, action clipping, obs/reward normalisation (+-10) are done here, vectorised
@@ -421,25 +374,20 @@ def main(args: Args):
         envs = gym.vector.AsyncVectorEnv(fns, context="forkserver", autoreset_mode=mode, copy=False)
     else:
         envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
-    threads = args.torch_threads or (1 if max(hidden) < 256 and device.type == "cpu" else os.cpu_count())
-    torch.set_num_threads(threads)
+    torch.set_num_threads(args.torch_threads or (1 if max(hidden) < 256 and device.type == "cpu" else os.cpu_count()))
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.shape[0]
     act_low, act_high = envs.single_action_space.low, envs.single_action_space.high
-
     agent = Agent(obs_dim, act_dim, hidden).to(device)
-    fused = device.type in ("cuda", "cpu")
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=fused)
-    params = list(agent.parameters())
-    loss_fn = ppo_loss
-    if args.compile:
-        mode_c = "reduce-overhead" if args.cudagraphs else None
-        loss_fn = torch.compile(ppo_loss, mode=mode_c)
-    obs_rms, ret_rms = agent.obs_norm.to_rms(), RunningMeanStd()
-    start_iteration, global_step = 1, 0
+    params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+    loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else ppo_loss
+    # the host keeps the observation statistics (cheap per step) and copies them into agent.obs_norm on save
+    obs_rms, ret_rms, start_iteration, global_step = RunningMeanStd(obs_dim), RunningMeanStd(), 1, 0
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        obs_rms = agent.obs_norm.to_rms()
+        obs_rms.mean, obs_rms.var = agent.obs_norm.mean.cpu().numpy().copy(), agent.obs_norm.var.cpu().numpy().copy()
+        obs_rms.count = agent.obs_norm.count.item()
         ret_rms.mean, ret_rms.var, ret_rms.count = ckpt["ret_rms"]
         start_iteration, global_step = ckpt["iteration"] + 1, ckpt["global_step"]
         random.setstate(ckpt["rng"]["python"])
@@ -448,28 +396,19 @@ def main(args: Args):
         if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
         print(f"resumed {args.resume} at step {global_step} (iteration {start_iteration - 1} of {num_iterations})")
-
-    item_bytes = (obs_dim + act_dim + 5) * 4
+    nb, example = (obs_dim + act_dim + 5) * 4, torch.zeros(1, obs_dim, device=device)  # nb: bytes per transition
     estimate = gpu_utils.estimate_memory(
-        agent,
-        batch_bytes=minibatch * item_bytes,
-        rollout_bytes=batch * item_bytes,
-        example_input=torch.zeros(1, obs_dim, device=device),
-        batch_size=minibatch,
+        agent, batch_bytes=minibatch * nb, rollout_bytes=batch * nb, example_input=example, batch_size=minibatch
     )
-    if device.type != "cuda":
-        estimate.cuda_context = 0
     print(estimate)
     writer.add_scalar("memory/estimated_mib", estimate.total / 2**20, global_step)
 
     # rollout storage: observations are normalised on the host (into a pinned buffer on GPU), the rest on device
-    pin = device.type == "cuda"
-    obs_host = torch.zeros((args.num_steps, args.num_envs, obs_dim), pin_memory=pin)
+    obs_host = torch.zeros((args.num_steps, args.num_envs, obs_dim), pin_memory=device.type == "cuda")
     obs_buf = obs_host if device.type == "cpu" else torch.zeros_like(obs_host, device=device)
     obs_np = obs_host.numpy()
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards, dones = np.zeros((2, args.num_steps, args.num_envs), dtype=np.float32)
 
     def normalize(obs, update):
         obs = np.asarray(obs, dtype=np.float64).reshape(len(obs), -1)
@@ -477,43 +416,15 @@ def main(args: Args):
             obs_rms.update(obs)
         return np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10.0, 10.0)
 
-    def save_checkpoint(iteration):
-        agent.obs_norm.load_rms(obs_rms)
-        state = dict(
-            agent=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            args=asdict(args),
-            run_name=run_name,
-            iteration=iteration,
-            global_step=global_step,
-            ret_rms=(float(ret_rms.mean), float(ret_rms.var), float(ret_rms.count)),
-            rng=dict(
-                python=random.getstate(),
-                numpy=[s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()],
-                torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            ),
-            wandb_id=wandb.run.id if args.track else None,
-        )
-        path = f"runs/{run_name}/checkpoint.pt"
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        return path
-
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.append(signum))
-
-    from tqdm import tqdm
-
     monitor = gpu_utils.GPUMonitor(device).__enter__()  # samples GPU utilisation; a no-op on CPU
-
     pbar = tqdm(total=args.total_timesteps, initial=global_step, disable=not args.progress_bar, unit="step")
-    next_obs, _ = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)
-    next_obs_n, next_done = normalize(next_obs, True), np.zeros(args.num_envs, dtype=np.float32)
-    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    discounted = np.zeros(args.num_envs)
-    recent, sps_window, train_start = [], [], time.time()
+    next_obs_n = normalize(envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)[0], True)
+    next_done, ep_length = np.zeros(args.num_envs, dtype=np.float32), np.zeros(args.num_envs, dtype=np.int64)
+    ep_return, discounted = np.zeros(args.num_envs), np.zeros(args.num_envs)
+    recent, iteration_times, train_start = [], [], time.time()
     for iteration in range(start_iteration, num_iterations + 1):
         t0 = time.time()
         if args.anneal_lr:
@@ -523,20 +434,16 @@ def main(args: Args):
             std = agent.actor_logstd.exp()
             for step in range(args.num_steps):
                 global_step += args.num_envs
-                obs_np[step] = next_obs_n
-                dones[step] = next_done
+                obs_np[step], dones[step] = next_obs_n, next_done
                 obs_t = obs_host[step] if device.type == "cpu" else obs_buf[step].copy_(obs_host[step], True)
                 actions[step] = agent.actor_mean(obs_t) + std * noise[step]
                 action = np.clip(actions[step].cpu().numpy(), act_low, act_high)
                 next_obs, reward, term, trunc, infos = envs.step(action)
                 done = np.logical_or(term, trunc)
-                ep_return += reward
-                ep_length += 1
-                discounted = discounted * args.gamma + reward
+                ep_return, ep_length, discounted = ep_return + reward, ep_length + 1, discounted * args.gamma + reward
                 ret_rms.update(discounted)
                 rewards[step] = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -10.0, 10.0)
-                next_obs_n = normalize(next_obs, True)
-                next_done = done.astype(np.float32)
+                next_obs_n, next_done = normalize(next_obs, True), done.astype(np.float32)
                 if done.any():
                     bootstrap = np.nonzero(trunc & ~term)[0]
                     if len(bootstrap):  # time limit: the episode did not end, bootstrap from its final observation
@@ -565,14 +472,8 @@ def main(args: Args):
 
         t_rollout = time.time() - t0
         # update: shuffle once per epoch, then contiguous minibatch slices
-        b_data = [
-            b_obs,
-            actions.view(-1, act_dim),
-            logprobs.view(-1),
-            torch.from_numpy(advantages.reshape(-1)).to(device),
-            torch.from_numpy(returns.reshape(-1)).to(device),
-            torch.from_numpy(values.reshape(-1)).to(device),
-        ]
+        b_data = [b_obs, actions.view(-1, act_dim), logprobs.view(-1)]
+        b_data += [torch.from_numpy(x.reshape(-1)).to(device) for x in (advantages, returns, values)]
         stats = []
         for _epoch in range(args.update_epochs):
             perm = torch.randperm(batch, device=device)
@@ -587,43 +488,41 @@ def main(args: Args):
             stats.append(ppo_stats(args, *aux))
             if args.target_kl is not None and stats[-1][4].item() > args.target_kl:
                 break
-
-        pg_loss, v_loss, entropy, old_approx_kl, approx_kl, _ = stats[-1].tolist()
-        clipfrac = torch.stack(stats)[:, 5].mean().item()
-        var_y = np.var(returns)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
-        sps = int(batch / (time.time() - t0))
-        sps_window.append((batch, time.time() - t0))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", v_loss, global_step)
-        writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-        writer.add_scalar("losses/entropy", entropy, global_step)
-        writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-        writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-        writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        if device.type == "cuda":
-            for key, value in monitor.collect().items():
-                writer.add_scalar(key, value, global_step)
+        iteration_times.append(time.time() - t0)
+        sps, var_y = int(batch / iteration_times[-1]), np.var(returns)
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl")
+        scalars = {f"losses/{name}": value for name, value in zip(names, stats[-1].tolist())}
+        scalars["losses/clipfrac"] = torch.stack(stats)[:, 5].mean().item()
+        scalars["losses/explained_variance"] = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
+        scalars |= {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": sps, **monitor.collect()}
+        for key, value in scalars.items():
+            writer.add_scalar(key, value, global_step)
         pbar.update(batch)
         pbar.set_postfix(SPS=sps, ret=f"{np.mean(recent):.1f}" if recent else "-")
         if not args.progress_bar:
             ret = f", return {np.mean(recent):.1f}" if recent else ""
-            timing = f"rollout {t_rollout:.2f}s, update {time.time() - t0 - t_rollout:.2f}s"
+            timing = f"rollout {t_rollout:.2f}s, update {iteration_times[-1] - t_rollout:.2f}s"
             print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps} ({timing}){ret}", flush=True)
         if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0) or iteration == num_iterations:
-            path = save_checkpoint(iteration)
+            agent.obs_norm.load_rms(obs_rms)
+            np_rng = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]  # weights_only
+            cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+            rng = dict(python=random.getstate(), numpy=np_rng, torch=torch.get_rng_state(), cuda=cuda_rng)
+            state = dict(agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args), rng=rng)
+            state.update(run_name=run_name, iteration=iteration, global_step=global_step)
+            state["ret_rms"] = (float(ret_rms.mean), float(ret_rms.var), float(ret_rms.count))
+            state["wandb_id"] = wandb.run.id if args.track else None
+            path = f"runs/{run_name}/checkpoint.pt"
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)  # atomic: an interrupted save keeps the previous checkpoint
             if stop:
                 print(f"signal {stop[0]}: checkpoint written to {path}; continue with --resume {path}")
                 break
 
     pbar.close()
-    agent.obs_norm.load_rms(obs_rms)
-    steady = sps_window[1:] or sps_window  # the first iteration includes warm-up
+    steady = iteration_times[1:] or iteration_times  # the first iteration includes warm-up
     if steady:
-        sps = sum(b for b, _ in steady) / sum(t for _, t in steady)
-        print(f"SPS: {sps:.0f} (agent steps/s, first iteration excluded)")
+        print(f"SPS: {batch * len(steady) / sum(steady):.0f} (agent steps/s, first iteration excluded)")
     print(f"mean return of recent episodes: {np.mean(recent) if recent else float('nan'):.2f} at step {global_step}")
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
@@ -640,9 +539,8 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    cli_args = tyro.cli(Args)
     try:
-        main(cli_args)
+        main(tyro.cli(Args))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
