@@ -52,8 +52,7 @@ class Args:
     width: int = 10
     """board width (cells, at least 3)"""
     env_mode: str = "auto"
-    """VecSnake mode: dense (masks over every board, no host sync; GPU default), sparse (only the boards that need
-    food or a reset; CPU default), or auto"""
+    """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU default), auto"""
 
     # DQN
     total_timesteps: int = 5_000_000
@@ -95,8 +94,7 @@ class Args:
     amp: bool = False
     """bf16 autocast for the network on GPU; ignored on CPU"""
     log_every: int = 25_600
-    """env steps between scalar logs (rounded to whole iterations; scalars reach the host only then). charts/SPS is
-    env steps (summed over games) per second with learning on, over the latest logging window"""
+    """env steps between scalar logs (whole iterations); charts/SPS: env steps/s with learning on in that window"""
     checkpoint_every: int = 10_000
     """iterations (vector steps) between checkpoints (0: only at the end and on SIGINT/SIGTERM)"""
     resume: str | None = None
@@ -117,24 +115,15 @@ UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
 
 
 class VecSnake:
-    """N Snake games of H x W cells, all state in tensors on one device, stepped together without Python loops.
+    """N Snake games of H x W cells as tensors on one device, stepped together without Python loops.
 
-    State per game: ``ages`` (N, H*W + 1) body-order grid (0 empty, tail 1 ... head = length; the extra last
-    column is a permanent wall cell that every off-board move lands on), head cell, direction, length, food cell,
-    steps since food. Actions are absolute: 0 up, 1 right, 2 down, 3 left; an action that turns back into the
-    neck continues straight. Moving into the cell the tail leaves this step is legal. Eating (+1) grows the snake
-    by one (the tail stays for that step); leaving the board or hitting the body ends the game (-1) and leaves
-    the board as it was before the fatal move; a full board is a win; ``2*H*W`` steps without food truncate.
-    Finished games reset in place, and ``step`` returns the true last observation in ``info["final_obs"]``.
-
-    Food goes to a uniformly random empty cell (the argmax of uniform random scores over the empty cells); a new
-    game starts at a uniformly random valid place and heading with food uniform over the other cells.
-    ``mode="dense"`` computes food and resets for every board with masks and ``torch.where`` (no host sync: the
-    GPU default); ``"sparse"`` does them only for the boards that need them, found with ``nonzero`` (no device
-    to sync with on the CPU, and much less work there: the CPU default). Both follow the same rules.
+    ``ages`` (N, H*W + 1): 0 empty, tail 1 ... head = length; the extra last column is a wall that every off-board
+    move lands on. Actions are absolute (0 up, 1 right, 2 down, 3 left; reversing into the neck goes straight).
+    Eating: +1 and grow by one. Wall or body (the cell the tail leaves is free): -1, game over, the board as before
+    the move. A full board wins; 2*H*W steps without food truncate. Finished games restart in place (uniform start
+    and food); ``info["final_obs"]`` is the true last observation. ``mode``: dense (masks over every board, no host
+    sync; GPU default) or sparse (only the boards that need food or a reset; CPU default).
     """
-
-    num_actions, num_planes = 4, 4
 
     def __init__(self, num_envs, height=10, width=10, device="cpu", seed=0, generator=None, mode="auto"):
         if height < 3 or width < 3:
@@ -143,13 +132,11 @@ class VecSnake:
             raise ValueError(f"mode must be auto, dense or sparse, got {mode!r}")
         self.n, self.h, self.w, self.hw = num_envs, height, width, height * width
         self.device = torch.device(device)
-        self.max_no_food = 2 * self.hw
         self.gen = generator if generator is not None else torch.Generator(self.device).manual_seed(seed)
         self.mode = ("dense" if self.device.type == "cuda" else "sparse") if mode == "auto" else mode
         # the smallest integer type that holds the longest snake (int8 on boards up to 125 cells)
         self.dtype = torch.int8 if self.hw < 2**7 - 1 else torch.int16 if self.hw < 2**15 - 1 else torch.int32
-        kw = dict(device=self.device)
-        hw, w = self.hw, self.w
+        kw, hw, w = dict(device=self.device), self.hw, self.w
         # NEXT[cell, action]: the cell the head moves to, or hw (the wall cell) off the board
         r, c = torch.arange(hw) // w, torch.arange(hw) % w
         nxt = [torch.where(r > 0, r * w + c - w, hw), torch.where(c < w - 1, r * w + c + 1, hw)]
@@ -157,34 +144,28 @@ class VecSnake:
         self._next = torch.stack(nxt, 1).to(self.device)
         # TURN[direction, action]: the action taken, with a reverse into the neck replaced by going straight
         self._turn_table = torch.tensor([[a if a != (d + 2) % 4 else d for a in range(4)] for d in range(4)], **kw)
-        self._starts = self._start_table().to(self.device)
+        starts = []  # every valid start: head cell, heading, the 3 body cells head first, the same 3 sorted
+        for d, (dr, dc) in enumerate([(-1, 0), (0, 1), (1, 0), (0, -1)]):
+            for r, c in (divmod(cell, w) for cell in range(hw)):
+                if 0 <= r - 2 * dr < self.h and 0 <= c - 2 * dc < w:
+                    cells = [(r - k * dr) * w + c - k * dc for k in range(3)]
+                    starts.append([cells[0], d, *cells, *sorted(cells)])
+        self._starts = torch.tensor(starts, **kw)
         self._start_ages = torch.tensor([[3, 2, 1]], dtype=self.dtype, **kw)
-        self.wall = torch.iinfo(self.dtype).max
         self.ages = torch.zeros(self.n, hw + 1, dtype=self.dtype, **kw)
-        self.ages[:, hw] = self.wall
+        self.ages[:, hw] = torch.iinfo(self.dtype).max
         self.board = self.ages[:, :hw]  # view of the real cells
         z = torch.zeros(self.n, dtype=torch.long, **kw)
         self.head, self.direction, self.food = z.clone(), z.clone(), z.clone()
         self.length = torch.zeros(self.n, dtype=self.dtype, **kw)
         self.since_food, self.score, self.ep_len = z.int(), z.int(), z.int()
         self.ep_return = torch.zeros(self.n, **kw)
-        # Observations are written plane-major into 4 preallocated buffers used in turn (final and next, two
-        # steps deep), so a step allocates no board-sized memory and every plane write is one contiguous pass.
+        # 4 plane-major observation buffers used in turn (final and next, two steps deep): no allocation per step,
+        # and only the head and food marks of the buffer's last use need clearing
         self._bufs = [torch.zeros(4, self.n, hw, dtype=torch.uint8, **kw) for _ in range(4)]
         self._row_base = torch.arange(self.n, **kw) * hw
         self._marks = [(self._row_base, self._row_base) for _ in range(4)]  # where each buffer has head and food
         self._turn = 0
-
-    def _start_table(self):
-        """Every valid start: head cell, heading, the 3 body cells head first, the same 3 sorted."""
-        rows = []
-        for d, (dr, dc) in enumerate([(-1, 0), (0, 1), (1, 0), (0, -1)]):
-            for r in range(self.h):
-                for c in range(self.w):
-                    if 0 <= r - 2 * dr < self.h and 0 <= c - 2 * dc < self.w:
-                        cells = [(r - k * dr) * self.w + c - k * dc for k in range(3)]
-                        rows.append([cells[0], d, *cells, *sorted(cells)])
-        return torch.tensor(rows)
 
     def reset(self):
         """Start every game afresh; returns the observation (N, 4, H, W) uint8."""
@@ -193,17 +174,14 @@ class VecSnake:
         return self.observe(2 * self._turn + 1)
 
     def observe(self, k=None, food_visible=None):
-        """Planes (uint8): head (1 at the head), body (1 on every snake cell, head included), food (1), and body
-        order (the ages: tail 1 ... head = length). Returns an (N, 4, H, W) view of a (4, N, H*W) buffer: a fresh
-        one, or the env's buffer ``k``, whose old head and food marks are cleared cell by cell."""
+        """(N, 4, H, W) uint8 planes: head, body (head included), food, ages; a view of a fresh buffer or of ``k``."""
+        head, food = self._row_base + self.head, self._row_base + self.food  # flat cells of each plane
         if k is None:
             buf = torch.zeros(4, self.n, self.hw, dtype=torch.uint8, device=self.device)
         else:
             buf = self._bufs[k]
             buf[0].view(-1).index_fill_(0, self._marks[k][0], 0)
             buf[2].view(-1).index_fill_(0, self._marks[k][1], 0)
-        head, food = self._row_base + self.head, self._row_base + self.food  # flat cells of each plane
-        if k is not None:
             self._marks[k] = head, food
         buf[3].copy_(self.board if self.hw < 256 else self.board.clamp(max=255))
         torch.clamp(buf[3], max=1, out=buf[1])
@@ -215,10 +193,8 @@ class VecSnake:
         return buf.view(4, self.n, self.h, self.w).transpose(0, 1)
 
     def step(self, actions):
-        """Advance every game one step. Returns next_obs, reward, terminated, truncated, info.
-
-        ``info``: final_obs (the observation after this step, before any reset), score (food eaten), length
-        (snake length), episode_return and episode_length, all as they were at the end of this step.
+        """Advance every game one step. Returns next_obs, reward, terminated, truncated, info: final_obs (before any
+        reset), score (food eaten), length, episode_return, episode_length, as at the end of this step.
         Observations are views of buffers that the env reuses two steps later: clone them to keep them longer.
         """
         a = self._turn_table[self.direction, actions]
@@ -236,63 +212,53 @@ class VecSnake:
         self.ep_len += 1
         win = self.length == self.hw
         terminated = dead | win
-        truncated = (self.since_food >= self.max_no_food) & alive
+        truncated = (self.since_food >= 2 * self.hw) & alive
         reward = eat.float() - dead.float()
         self.score += eat
         self.ep_return += reward
         self._place_food(eat & ~win)
         self._turn ^= 1
-        info = dict(
-            final_obs=self.observe(2 * self._turn, food_visible=~win),
-            score=self.score.clone(),
-            length=self.length.clone(),
-            episode_return=self.ep_return.clone(),
-            episode_length=self.ep_len.clone(),
-        )
+        info = dict(score=self.score, length=self.length, episode_return=self.ep_return, episode_length=self.ep_len)
+        info = {k: v.clone() for k, v in info.items()} | dict(final_obs=self.observe(2 * self._turn, food_visible=~win))
         self._reset_games(terminated | truncated)
         return self.observe(2 * self._turn + 1), reward, terminated, truncated, info
 
+    def _set(self, mask, rows, **values):
+        """Set state of the games in ``mask`` (dense: every game through ``torch.where``; sparse: the ``rows``)."""
+        for key, value in values.items():
+            if self.mode == "dense":
+                setattr(self, key, torch.where(mask, value, getattr(self, key)))
+            else:
+                getattr(self, key)[rows] = value
+
     def _place_food(self, mask):
         """Put food on a uniformly random empty cell of every game where ``mask`` is set."""
-        if self.mode == "dense":
-            scores = torch.rand(self.n, self.hw, device=self.device, generator=self.gen)
-            scores.masked_fill_(self.board > 0, -1.0)
-            self.food = torch.where(mask, scores.argmax(1), self.food)
-        else:
-            rows = mask.nonzero().squeeze(1)
-            if len(rows):
-                scores = torch.rand(len(rows), self.hw, device=self.device, generator=self.gen)
-                scores.masked_fill_(self.board[rows] > 0, -1.0)
-                self.food[rows] = scores.argmax(1)
+        rows = slice(None) if self.mode == "dense" else mask.nonzero().squeeze(1)
+        board = self.board[rows]
+        if len(board):
+            scores = torch.rand(len(board), self.hw, device=self.device, generator=self.gen).masked_fill_(board > 0, -1)
+            self._set(mask, rows, food=scores.argmax(1))
 
     def _reset_games(self, done):
         """Restart the games where ``done``: a uniformly random start, food on a uniformly random other cell."""
-        if self.mode == "dense":
-            rows, m = done, self.n
-        else:
-            rows = done.nonzero().squeeze(1)
-            m = len(rows)
-            if m == 0:
-                return
+        rows = slice(None) if self.mode == "dense" else done.nonzero().squeeze(1)
+        m = self.n if self.mode == "dense" else len(rows)
+        if m == 0:
+            return
         free = self.hw - 3
         pick = torch.randint(0, len(self._starts) * free, (m,), device=self.device, generator=self.gen)
         start = self._starts[pick // free]
         food = pick % free  # the food is the k-th cell not on the snake: skip the sorted body cells
         for j in (5, 6, 7):
             food += food >= start[:, j]
-        new = dict(head=start[:, 0], direction=start[:, 1], food=food, length=3, since_food=0, score=0, ep_len=0)
-        new["ep_return"] = 0.0
         if self.mode == "dense":
             self.board.mul_((~done).unsqueeze(1))
             self.ages.scatter_add_(1, start[:, 2:5], self._start_ages * done.unsqueeze(1))
-            for k, v in new.items():
-                setattr(self, k, torch.where(done, v, getattr(self, k)))
         else:
-            grid = torch.zeros(m, self.hw + 1, dtype=self.dtype, device=self.device)
-            grid[:, self.hw] = self.wall
-            self.ages[rows] = grid.scatter_(1, start[:, 2:5], self._start_ages.expand(m, 3))
-            for k, v in new.items():
-                getattr(self, k)[rows] = v
+            self.board[rows] = 0
+            self.ages[rows.unsqueeze(1), start[:, 2:5]] = self._start_ages
+        new = dict(head=start[:, 0], direction=start[:, 1], food=food, length=3, since_food=0, score=0, ep_len=0)
+        self._set(done, rows, ep_return=0.0, **new)
 
     def set_game(self, i, body, direction, food):
         """Put game ``i`` in a given state (tests, demos): ``body`` lists (row, col) cells head first."""
@@ -304,14 +270,10 @@ class VecSnake:
         self.length[i], self.since_food[i], self.score[i], self.ep_len[i], self.ep_return[i] = len(body), 0, 0, 0, 0
 
     def render(self, i=0, obs=None, cell=16):
-        """RGB uint8 frame (H*cell, W*cell, 3) of game ``i`` (from ``obs`` when given, else the current state):
-        body green (darker toward the tail), head yellow, food red."""
-        if obs is None:
-            obs = self.observe()
-        planes = obs[i].cpu().numpy().astype(np.float32)
+        """RGB uint8 (H*cell, W*cell, 3) frame of game ``i`` (``obs`` or the current state): head yellow, food red."""
+        planes = (self.observe() if obs is None else obs)[i].cpu().numpy().astype(np.float32)
         ages, body = planes[3], planes[1] > 0
-        img = np.empty((self.h, self.w, 3), dtype=np.uint8)
-        img[...] = (30, 30, 40)
+        img = np.full((self.h, self.w, 3), (30, 30, 40), dtype=np.uint8)
         img[body] = (20, 0, 40)
         img[body, 1] = (90 + 140 * ages[body] / max(ages.max(), 1)).astype(np.uint8)
         img[planes[2] > 0] = (230, 40, 40)
@@ -321,9 +283,7 @@ class VecSnake:
     _state_names = ("ages", "head", "direction", "food", "length", "since_food", "score", "ep_len", "ep_return")
 
     def state_dict(self):
-        state = {k: getattr(self, k).cpu() for k in self._state_names}
-        state["generator"] = self.gen.get_state()
-        return state
+        return {k: getattr(self, k).cpu() for k in self._state_names} | {"generator": self.gen.get_state()}
 
     def load_state_dict(self, state):
         for k in self._state_names:
@@ -354,22 +314,23 @@ class QNetwork(nn.Module):
         return self.network(x.float() * self.scale)
 
 
-class NStep:
-    """Turns per-step transitions of N games into n-step ones, with tensor ops only.
+def epsilon_greedy(q_values, epsilon):
+    """The greedy action, or a uniformly random one with probability ``epsilon`` (a float or a device scalar)."""
+    explore = torch.rand(q_values.shape[0], device=q_values.device) < epsilon
+    return torch.where(explore, torch.randint(0, 4, explore.shape, device=q_values.device), q_values.argmax(1))
 
-    Keeps the last n steps of every game in a ring. Once full, each push emits the transition that started n-1
-    pushes ago: R = sum_k gamma^k r_k up to and including the first step that ended the episode, the true
-    observation after that step, whether it was a termination, and the bootstrap discount gamma^(steps used).
-    """
+
+class NStep:
+    """Ring of the last n steps of N games; once full, each push emits the n-step transition that started n-1 pushes
+    ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the true observation after that step,
+    whether it was a termination, and the bootstrap discount gamma^(steps used)."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, device):
         self.n, self.gamma, self.t = n, gamma, 0
-        self.obs = torch.zeros(n, num_envs, *obs_shape, dtype=torch.uint8, device=device)
-        self.next_obs = torch.zeros_like(self.obs)
-        self.actions = torch.zeros(n, num_envs, dtype=torch.long, device=device)
-        self.rewards = torch.zeros(n, num_envs, device=device)
-        self.terminated = torch.zeros(n, num_envs, dtype=torch.bool, device=device)
-        self.ended = torch.zeros_like(self.terminated)
+        kw = dict(device=device)
+        self.obs, self.next_obs = (torch.zeros(n, num_envs, *obs_shape, dtype=torch.uint8, **kw) for _ in range(2))
+        self.actions, self.rewards = torch.zeros(n, num_envs, dtype=torch.long, **kw), torch.zeros(n, num_envs, **kw)
+        self.terminated, self.ended = (torch.zeros(n, num_envs, dtype=torch.bool, **kw) for _ in range(2))
 
     def push(self, obs, actions, rewards, next_obs, terminated, ended):
         """Add one step (next_obs: the true observation after it); returns an n-step batch, or None while filling."""
@@ -379,14 +340,11 @@ class NStep:
         self.t += 1
         if self.t < self.n:
             return None
-        first = self.t % self.n  # the oldest step in the ring
-        order = [(first + k) % self.n for k in range(self.n)]
-        ret = torch.zeros_like(rewards)
-        running = torch.ones_like(ended)  # no end seen yet
-        last = order[-1]
-        nxt, term = self.next_obs[last].clone(), self.terminated[last].clone()
-        disc = torch.full_like(rewards, self.gamma**self.n)
-        for k, i in enumerate(order):
+        first = self.t % self.n  # the oldest step in the ring; j is the newest
+        ret, running = torch.zeros_like(rewards), torch.ones_like(ended)  # running: no end seen yet
+        nxt, term, disc = self.next_obs[j], self.terminated[j], torch.full_like(rewards, self.gamma**self.n)
+        for k in range(self.n):
+            i = (first + k) % self.n
             ret += running * self.gamma**k * self.rewards[i]
             stop = running & self.ended[i]
             nxt = torch.where(stop.view(-1, 1, 1, 1), self.next_obs[i], nxt)
@@ -404,16 +362,11 @@ class ReplayBuffer:
         self.capacity, self.device, self.target, self.ptr, self.size = capacity, device, target, 0, 0
         self.pin = device.type == "cpu" and target.type == "cuda"
         kw = dict(device=device, pin_memory=self.pin)
-        self.obs = torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw)
-        self.next_obs = torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw)
+        self.obs, self.next_obs = (torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw) for _ in range(2))
         self.actions = torch.zeros(capacity, dtype=torch.long, **kw)
-        self.rewards = torch.zeros(capacity, **kw)
+        self.rewards, self.discounts = torch.zeros(capacity, **kw), torch.zeros(capacity, **kw)
         self.terminated = torch.zeros(capacity, dtype=torch.bool, **kw)
-        self.discounts = torch.zeros(capacity, **kw)
         self.fields = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated, self.discounts)
-
-    def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self.fields)
 
     def add(self, *batch):
         """Add a batch of transitions (obs, actions, rewards, next_obs, terminated, discounts), wrapping around."""
@@ -427,13 +380,7 @@ class ReplayBuffer:
     def sample(self, batch_size, generator=None):
         idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=generator)
         out = [store[idx] for store in self.fields]
-        if self.pin:
-            out = [t.pin_memory().to(self.target, non_blocking=True) for t in out]
-        return out
-
-
-def linear_schedule(start_e, end_e, duration, t):
-    return max(end_e, start_e + (end_e - start_e) * t / max(duration, 1))
+        return [t.pin_memory().to(self.target, non_blocking=True) for t in out] if self.pin else out
 
 
 def load_checkpoint(path, what="checkpoint"):
@@ -442,37 +389,31 @@ def load_checkpoint(path, what="checkpoint"):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise ValueError(
-            f"{what} {path} could not be read ({type(exc).__name__}); is it a dqn_snake_vec file?"
-        ) from None
+        raise ValueError(f"{what} {path} could not be read ({type(exc).__name__}); not a dqn_snake_vec file?") from None
     if not isinstance(ckpt, dict) or "q_network" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{what} {path} is not a dqn_snake_vec checkpoint (no q_network/args)")
     return ckpt
 
 
 def validate(args):
-    if args.height < 3 or args.width < 3:
-        raise ValueError(f"--height and --width must be at least 3, got {args.height} x {args.width}")
-    if args.num_envs < 1:
-        raise ValueError(f"--num-envs must be at least 1, got {args.num_envs}")
-    if args.total_timesteps < args.num_envs:
-        raise ValueError(f"--total-timesteps must be at least --num-envs ({args.num_envs})")
-    if args.n_step < 1:
-        raise ValueError(f"--n-step must be at least 1, got {args.n_step}")
-    if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
-        raise ValueError("--gamma and --tau must be in (0, 1]")
-    if args.batch_size < 1 or args.buffer_size < max(args.batch_size, args.num_envs):
-        raise ValueError(f"--buffer-size ({args.buffer_size}) must hold at least --batch-size and --num-envs")
-    if args.updates_per_step < 0 or args.target_network_frequency < 1:
-        raise ValueError("--updates-per-step must be >= 0 and --target-network-frequency >= 1")
-    if args.buffer_device not in ("auto", "cpu"):
-        raise ValueError(f"--buffer-device must be auto or cpu, got {args.buffer_device!r}")
-    if not 0 < args.exploration_fraction <= 1:
-        raise ValueError("--exploration-fraction must be in (0, 1]")
-    if args.eval_episodes < 1:
-        raise ValueError("--eval-episodes must be at least 1")
-    if args.env_mode not in ("auto", "dense", "sparse"):
-        raise ValueError(f"--env-mode must be auto, dense or sparse, got {args.env_mode!r}")
+    h, w, n, bs, buf = args.height, args.width, args.num_envs, args.batch_size, args.buffer_size
+    where, mode = args.buffer_device, args.env_mode
+    for bad, message in [
+        (h < 3 or w < 3, f"--height and --width must be at least 3, got {h} x {w}"),
+        (n < 1, f"--num-envs must be at least 1, got {n}"),
+        (args.total_timesteps < n, f"--total-timesteps must be at least --num-envs ({n})"),
+        (args.n_step < 1, f"--n-step must be at least 1, got {args.n_step}"),
+        (not 0 < args.gamma <= 1 or not 0 < args.tau <= 1, "--gamma and --tau must be in (0, 1]"),
+        (bs < 1 or buf < max(bs, n), f"--buffer-size ({buf}) must hold at least --batch-size and --num-envs"),
+        (args.updates_per_step < 0, "--updates-per-step must be at least 0"),
+        (args.target_network_frequency < 1, "--target-network-frequency must be at least 1"),
+        (where not in ("auto", "cpu"), f"--buffer-device must be auto or cpu, got {where!r}"),
+        (not 0 < args.exploration_fraction <= 1, "--exploration-fraction must be in (0, 1]"),
+        (args.eval_episodes < 1, "--eval-episodes must be at least 1"),
+        (mode not in ("auto", "dense", "sparse"), f"--env-mode must be auto, dense or sparse, got {mode!r}"),
+    ]:
+        if bad:
+            raise ValueError(message)
 
 
 RUNTIME_FLAGS = ("gpu", "cuda_offset", "session", "tf32", "track", "progress_bar", "compile", "cudagraphs", "amp")
@@ -500,22 +441,17 @@ def evaluate(args, ckpt, device):
     n = args.eval_episodes
     env = VecSnake(n, h, w, device=device, seed=args.seed, mode=args.env_mode)
     obs, finished = env.reset(), torch.zeros(n, dtype=torch.bool, device=device)
-    returns, scores, lengths = (torch.zeros(n, device=device) for _ in range(3))
+    stats = torch.zeros(3, n, device=device)  # return, score and final length of each game's first episode
     while not bool(finished.all()):
         with torch.no_grad():
-            actions = q_network(obs).argmax(1)
-        explore = torch.rand(n, device=device) < args.eval_epsilon
-        actions = torch.where(explore, torch.randint(0, 4, (n,), device=device), actions)
-        obs, _, terminated, truncated, info = env.step(actions)
+            obs, _, terminated, truncated, info = env.step(epsilon_greedy(q_network(obs), args.eval_epsilon))
         new = (terminated | truncated) & ~finished
-        returns = torch.where(new, info["episode_return"], returns)
-        scores = torch.where(new, info["score"].float(), scores)
-        lengths = torch.where(new, info["length"].float(), lengths)
+        stats = torch.where(new, torch.stack([info[k].float() for k in ("episode_return", "score", "length")]), stats)
         finished |= new
-    r = returns.cpu().numpy()
+    r, scores, lengths = stats.cpu().numpy()
     print(
         f"eval Snake{h}x{w}: mean_return={r.mean():.2f} std_return={r.std():.2f} "
-        f"mean_score={scores.mean().item():.2f} mean_length={lengths.mean().item():.2f} over {n} episodes"
+        f"mean_score={scores.mean():.2f} mean_length={lengths.mean():.2f} over {n} episodes"
     )
 
 
@@ -524,89 +460,71 @@ if __name__ == "__main__":
     try:
         validate(args)
         device = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
+        cuda = device.type == "cuda"
         ckpt = load_checkpoint(args.resume, "--resume checkpoint") if args.resume else None
         if ckpt is not None:
             resume_args(args, ckpt["args"])
+        if args.num_threads > 0:
+            gpu_utils.limit_threads(args.num_threads)
+        if cuda:
+            torch.cuda.set_device(device)
+        gpu_utils.enable_tf32(args.tf32)
+        for flag in ("cudagraphs", "amp"):
+            if getattr(args, flag) and not cuda:
+                print(f"note: --{flag} applies on a GPU only; ignored on {device}")
+        torch.manual_seed(args.seed)
+        np.random.seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
         if args.eval_checkpoint:
-            eval_ckpt = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")
+            evaluate(args, load_checkpoint(args.eval_checkpoint, "--eval-checkpoint"), device)
+            sys.exit(0)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if args.num_threads > 0:
-        gpu_utils.limit_threads(args.num_threads)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    gpu_utils.enable_tf32(args.tf32)
-    for flag in ("cudagraphs", "amp"):
-        if getattr(args, flag) and device.type != "cuda":
-            print(f"note: --{flag} applies on a GPU only; ignored on {device}")
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    if args.eval_checkpoint:
-        try:
-            evaluate(args, eval_ckpt, device)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        sys.exit(0)
-
-    run_name = (
-        ckpt["run_name"]
-        if ckpt
-        else f"Snake{args.height}x{args.width}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    )
+    n, h, w = args.num_envs, args.height, args.width
+    run_name = ckpt["run_name"] if ckpt else f"Snake{h}x{w}__{args.exp_name}__{args.seed}__{int(time.time())}"
     from torch.utils.tensorboard import SummaryWriter
 
     if args.track:
         import wandb
 
-        wandb_id = ckpt.get("wandb_id") if ckpt else None
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-                   name=run_name, save_code=True, id=wandb_id, resume="allow")  # fmt: skip
+                   name=run_name, save_code=True, id=(ckpt or {}).get("wandb_id"), resume="allow")  # fmt: skip
     writer = SummaryWriter(f"runs/{run_name}")
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
 
     # ---------------- env, networks, replay ----------------
-    n, h, w = args.num_envs, args.height, args.width
     env = VecSnake(n, h, w, device=device, seed=args.seed, mode=args.env_mode)
     obs = env.reset()
-    q_network = QNetwork(h, w).to(device)
-    target_network = QNetwork(h, w).to(device)
+    q_network, target_network = QNetwork(h, w).to(device), QNetwork(h, w).to(device)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
     buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
-    obs_shape = (4, h, w)
-    rb = ReplayBuffer(args.buffer_size, obs_shape, buffer_device, device)
-    nstep = NStep(args.n_step, args.gamma, n, obs_shape, device)
-    num_iterations = args.total_timesteps // n
-    start_iteration = 0
+    rb = ReplayBuffer(args.buffer_size, (4, h, w), buffer_device, device)
+    nstep = NStep(args.n_step, args.gamma, n, (4, h, w), device)
+    num_iterations, start_iteration = args.total_timesteps // n, 0
+    stateful = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, env=env)  # checkpointed
     if ckpt is not None:
-        q_network.load_state_dict(ckpt["q_network"])
-        target_network.load_state_dict(ckpt["target_network"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        env.load_state_dict(ckpt["env"])
+        for key, module in stateful.items():
+            module.load_state_dict(ckpt[key])
         obs = env.observe()
         torch.set_rng_state(ckpt["rng"])
-        if device.type == "cuda" and ckpt.get("cuda_rng") is not None:
+        if cuda and ckpt.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
         start_iteration = ckpt["iteration"]
         print(f"resumed {run_name} at step {ckpt['global_step']} (the replay memory starts empty)")
 
-    on_device = rb.nbytes() if buffer_device == device else 0
-    target_bytes = sum(p.numel() * p.element_size() for p in target_network.parameters())
-    env_bytes = sum(b.numel() for b in env._bufs) + env.ages.numel() * env.ages.element_size()
-    batch_bytes = args.batch_size * (2 * 4 * h * w + 17)
-    rollout_bytes = on_device + target_bytes + env_bytes + 2 * nstep.obs.numel()
-    est = gpu_utils.estimate_memory(
-        q_network, "adam", batch_bytes, rollout_bytes, None, obs[:1].contiguous(), 3 * args.batch_size
-    )
+    # on the device besides the Q-network and Adam: replay (unless on the host), target net, env and n-step obs
+    resident = [*target_network.parameters(), *env._bufs, env.ages, nstep.obs, nstep.next_obs]
+    resident += rb.fields if buffer_device == device else ()
+    batch_bytes, rollout_bytes = args.batch_size * (8 * h * w + 17), sum(t.nbytes for t in resident)
+    est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, rollout_bytes, None, obs[:1], 3 * args.batch_size)
     print(est)
     writer.add_scalar("memory/estimated_mib", est.total / 2**20, 0)
 
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp and device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp and cuda)
 
     def update(obs, actions, rewards, next_obs, terminated, discounts):
         with torch.no_grad(), autocast:
@@ -624,32 +542,23 @@ if __name__ == "__main__":
 
     def act(obs, epsilon):
         with torch.no_grad(), autocast:
-            greedy = q_network(obs).argmax(1)
-        explore = torch.rand(obs.shape[0], device=obs.device) < epsilon
-        return torch.where(explore, torch.randint(0, 4, (obs.shape[0],), device=obs.device), greedy)
+            return epsilon_greedy(q_network(obs), epsilon)
 
-    cudagraphs = args.cudagraphs and device.type == "cuda"
-    if args.compile or cudagraphs:
-        mode = "reduce-overhead" if cudagraphs else None
-        update = torch.compile(update, mode=mode)
-        act = torch.compile(act, mode=mode)
+    if args.compile or (args.cudagraphs and cuda):
+        mode = "reduce-overhead" if args.cudagraphs and cuda else None
+        update, act = torch.compile(update, mode=mode), torch.compile(act, mode=mode)
     target_params, online_params = list(target_network.parameters()), list(q_network.parameters())
     epsilon_t = torch.zeros((), device=device)
 
     stop = {"signal": None}
-
-    def on_signal(signum, frame):
-        stop["signal"] = signal.Signals(signum).name
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.update(signal=signal.Signals(signum).name))
 
     def save_checkpoint(iteration):
         path = f"runs/{run_name}/checkpoint.pt"
-        state = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict(),
-                     optimizer=optimizer.state_dict(), iteration=iteration, global_step=iteration * n,
-                     args=vars(args), run_name=run_name, env=env.state_dict(), rng=torch.get_rng_state(),
-                     cuda_rng=torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        state = {key: module.state_dict() for key, module in stateful.items()}
+        state.update(iteration=iteration, global_step=iteration * n, args=vars(args), run_name=run_name,
+                     rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state(device) if cuda else None,
                      wandb_id=wandb.run.id if args.track else None)  # fmt: skip
         torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
@@ -659,18 +568,19 @@ if __name__ == "__main__":
 
     log_interval = max(1, args.log_every // n)
     learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
+    exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
     pbar = tqdm(total=num_iterations * n, initial=start_iteration * n, disable=not args.progress_bar, unit="step",
                 unit_scale=True, dynamic_ncols=True)  # fmt: skip
-    ep_stats = torch.zeros(5, device=device)  # finished episodes, return, length, score, snake length
+    # info key -> chart name of the per-episode means logged; ep_stats: finished episodes, then their sums
+    episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
+    episode_charts["length"] = "snake_length"
+    ep_stats = torch.zeros(5, device=device)
     train_stats = torch.zeros(3, device=device)  # updates, td loss, q-value
     video_state, frames = "off", []
     monitor = gpu_utils.GPUMonitor(device).__enter__()
-    t_log, last_log_iteration, num_updates = time.perf_counter(), start_iteration, 0
-    iteration = start_iteration
+    t_log, last_log_iteration, iteration, num_updates = time.perf_counter(), start_iteration, start_iteration, 0
     while iteration < num_iterations:
-        epsilon = linear_schedule(
-            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, iteration * n
-        )
+        epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * iteration * n / exploration_steps)
         actions = act(obs, epsilon_t.fill_(epsilon))  # a device scalar: no recompiles, no host copy
         next_obs, rewards, terminated, truncated, info = env.step(actions)
         ended = terminated | truncated
@@ -678,25 +588,23 @@ if __name__ == "__main__":
         if batch is not None:
             rb.add(*batch)
         endf = ended.float()
-        finished = [info[k] * endf for k in ("episode_return", "episode_length", "score", "length")]
-        ep_stats += torch.stack([endf.sum()] + [x.sum() for x in finished])
+        ep_stats += torch.stack([endf, *(info[k] * endf for k in episode_charts)]).sum(1)
         if args.capture_video:
-            if iteration % args.video_every == 0 and video_state == "off":
-                video_state = "armed"
+            if video_state == "off" and iteration % args.video_every == 0:
+                video_state = "armed"  # record game 0's next episode from its first frame
             if video_state == "on":
                 frames.append(env.render(0, info["final_obs"]))
-            if video_state != "off" and bool(ended[0]):
-                if video_state == "on":
-                    from moviepy import ImageSequenceClip
+            if video_state == "armed" and bool(ended[0]):
+                video_state, frames = "on", [env.render(0, next_obs)]
+            elif video_state == "on" and bool(ended[0]):
+                from moviepy import ImageSequenceClip
 
-                    os.makedirs(f"videos/{run_name}", exist_ok=True)
-                    path = f"videos/{run_name}/step{(iteration + 1) * n}.mp4"
-                    ImageSequenceClip(frames, fps=10).write_videofile(path, logger=None)
-                    if args.track:
-                        wandb.log({"videos": wandb.Video(path)}, commit=False)
-                    video_state, frames = "off", []
-                else:
-                    video_state, frames = "on", [env.render(0, next_obs)]
+                os.makedirs(f"videos/{run_name}", exist_ok=True)
+                path = f"videos/{run_name}/step{(iteration + 1) * n}.mp4"
+                ImageSequenceClip(frames, fps=10).write_videofile(path, logger=None)
+                if args.track:
+                    wandb.log({"videos": wandb.Video(path)}, commit=False)
+                video_state, frames = "off", []
         obs = next_obs
         iteration += 1
         if iteration >= learning_starts_iteration and rb.size >= args.batch_size:
@@ -710,30 +618,22 @@ if __name__ == "__main__":
 
         if iteration % log_interval == 0 or iteration == num_iterations or stop["signal"]:
             global_step = iteration * n
-            (count, ret, length, score, snake), (ups, loss, q_mean) = ep_stats.tolist(), train_stats.tolist()
+            (count, *sums), (ups, loss, q_mean) = ep_stats.tolist(), train_stats.tolist()
             sps = (iteration - last_log_iteration) * n / (time.perf_counter() - t_log)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
-            writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+            logs = {"charts/SPS": sps, "charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
             if count:
-                for key, value in (("episodic_return", ret), ("episodic_length", length), ("score", score)):
-                    writer.add_scalar(f"charts/{key}", value / count, global_step)
-                writer.add_scalar("charts/snake_length", snake / count, global_step)
+                logs.update({f"charts/{key}": value / count for key, value in zip(episode_charts.values(), sums)})
             if ups:
-                writer.add_scalar("losses/td_loss", loss / ups, global_step)
-                writer.add_scalar("losses/q_values", q_mean / ups, global_step)
-            for key, value in monitor.collect().items():
+                logs.update({"losses/td_loss": loss / ups, "losses/q_values": q_mean / ups})
+            for key, value in {**logs, **monitor.collect()}.items():
                 writer.add_scalar(key, value, global_step)
-            pbar.update(global_step - pbar.n)
-            postfix = dict(SPS=f"{sps:,.0f}", eps=f"{epsilon:.2f}")
+            postfix = f"SPS={sps:,.0f} eps={epsilon:.2f}"
             if count:
-                postfix.update(score=f"{score / count:.2f}", length=f"{snake / count:.1f}")
-            pbar.set_postfix(postfix, refresh=False)
+                postfix += f" score={logs['charts/score']:.2f} length={logs['charts/snake_length']:.1f}"
+            pbar.update(global_step - pbar.n)
+            pbar.set_postfix_str(postfix, refresh=False)
             if not args.progress_bar:
-                print(
-                    f"step={global_step} SPS={sps:,.0f} "
-                    + " ".join(f"{k}={v}" for k, v in postfix.items() if k != "SPS")
-                )
+                print(f"step={global_step} {postfix}")
             ep_stats.zero_()
             train_stats.zero_()
             t_log, last_log_iteration = time.perf_counter(), iteration
@@ -751,7 +651,7 @@ if __name__ == "__main__":
             path = f"runs/{run_name}/{args.exp_name}.model"
             torch.save(dict(q_network=q_network.state_dict(), args=vars(args), run_name=run_name), path)
             print(f"model saved to {path}")
-    if device.type == "cuda":
+    if cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         writer.add_scalar("memory/peak_allocated_mib", peak, iteration * n)
         print(f"peak GPU memory allocated: {peak:.1f} MiB (estimate {est.total / 2**20:.1f} MiB)")
