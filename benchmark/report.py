@@ -45,6 +45,7 @@ class Run:
     last_event: float = 0.0
     sps: float | None = None
     total_timesteps: int | None = None
+    iteration_steps: int = 0  # num_envs x num_steps: a run may stop at the last whole iteration below the total
 
     @property
     def episodes(self) -> int:
@@ -54,7 +55,7 @@ class Run:
         return float(np.mean(self.returns[-last_n:])) if len(self.returns) else None
 
     def status(self, now: float, recent_s: float) -> str:
-        if self.total_timesteps and self.last_step >= self.total_timesteps:
+        if self.total_timesteps and self.last_step + self.iteration_steps > max(self.total_timesteps - 1, 0):
             return "done"
         if self.total_timesteps:
             pct = math.floor(100.0 * self.last_step / self.total_timesteps)
@@ -114,9 +115,13 @@ def load_run(path: str) -> Run | None:
                 text = acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()
             except (IndexError, UnicodeDecodeError):
                 continue
-            total = parse_hparams(text).get("total_timesteps")
+            hparams = parse_hparams(text)
+            total = hparams.get("total_timesteps")
             if total and total.lstrip("-").isdigit():
                 run.total_timesteps = int(total)
+            envs, steps = hparams.get("num_envs", ""), hparams.get("num_steps", "1")  # DQN: one step per iteration
+            if envs.isdigit() and steps.isdigit():
+                run.iteration_steps = int(envs) * int(steps)
     return run
 
 

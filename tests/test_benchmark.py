@@ -307,3 +307,18 @@ def test_throughput_helpers(tmp_path):
         [sys.executable, os.path.join(BENCH, "throughput.py"), "--only", "nope"], capture_output=True, text=True
     )
     assert res.returncode == 2 and res.stderr.startswith("error: --only")
+
+
+def test_report_done_at_last_whole_iteration(tmp_path):
+    """10,000 steps in iterations of 4 x 1,024: a finished run stops at 8,192 and is 'done', not 'stopped (81%)'."""
+    for seed, last in ((1, 8192), (2, 4096)):
+        w = SummaryWriter(str(tmp_path / "runs" / f"HalfCheetah-v5__ppo_continuous__{seed}__1700000000"))
+        w.add_text("hyperparameters", "|param|value|\n|-|-|\n|total_timesteps|10000|\n|num_envs|4|\n|num_steps|1024|")
+        for step in range(1024, last + 1, 1024):
+            w.add_scalar("charts/episodic_return", 1.0, step, walltime=1000.0 + step)
+        w.close()
+    res = run_report(tmp_path / "runs", "--out", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert table_row(text, "HalfCheetah-v5__ppo_continuous__1__1700000000")[-1] == "done"
+    assert table_row(text, "HalfCheetah-v5__ppo_continuous__2__1700000000")[-1] == "stopped (40%)"
