@@ -577,7 +577,7 @@ if __name__ == "__main__":
     ep_stats = torch.zeros(5, device=device)
     train_stats = torch.zeros(3, device=device)  # updates, td loss, q-value
     video_state, frames = "off", []
-    monitor = gpu_utils.GPUMonitor(device).__enter__()
+    monitor = gpu_utils.GPUMonitor(device).start()
     t_log, last_log_iteration, iteration, num_updates = time.perf_counter(), start_iteration, start_iteration, 0
     while iteration < num_iterations:
         epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * iteration * n / exploration_steps)
@@ -655,7 +655,7 @@ if __name__ == "__main__":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         writer.add_scalar("memory/peak_allocated_mib", peak, iteration * n)
         print(f"peak GPU memory allocated: {peak:.1f} MiB (estimate {est.total / 2**20:.1f} MiB)")
-    monitor.__exit__(None, None, None)
+    monitor.close()
     writer.close()
     if args.track:
         wandb.finish()

@@ -290,7 +290,8 @@ class GPUMonitor:
         self._nvml = None
         self._handle = None
 
-    def __enter__(self) -> GPUMonitor:
+    def start(self) -> GPUMonitor:
+        """Start sampling (nothing on CPU or without NVML); returns self. ``with GPUMonitor(...)`` calls it."""
         if self.device.type != "cuda":
             return self
         try:
@@ -332,7 +333,14 @@ class GPUMonitor:
             "gpu/mem_peak_mib": max(mems),
         }
 
+    def __enter__(self) -> GPUMonitor:
+        return self.start()
+
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sampling thread and release NVML."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)

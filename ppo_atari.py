@@ -435,7 +435,7 @@ if __name__ == "__main__":
     recent_returns, iteration, stopping = [], start_iteration - 1, False
     total = args.num_iterations * args.batch_size
     pbar = tqdm(total=total, initial=global_step, disable=not (args.progress_bar and is_main), unit="step")
-    monitor = gpu_utils.GPUMonitor(device).__enter__()
+    monitor = gpu_utils.GPUMonitor(device).start()
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()
         if args.anneal_lr:
@@ -521,7 +521,7 @@ if __name__ == "__main__":
             break
 
     pbar.close()
-    monitor.__exit__(None, None, None)
+    monitor.close()
     if distributed:  # gradient averaging keeps every process's copy of the weights identical; check it once
         checksum = torch.stack([p.detach().double().sum() for p in agent.parameters()]).sum().reshape(1)
         gathered = [torch.zeros_like(checksum) for _ in range(world_size)]

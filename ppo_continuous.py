@@ -419,7 +419,7 @@ def main(args: Args):
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.append(signum))
-    monitor = gpu_utils.GPUMonitor(device).__enter__()  # samples GPU utilisation; a no-op on CPU
+    monitor = gpu_utils.GPUMonitor(device).start()  # samples GPU utilisation; a no-op on CPU
     pbar = tqdm(total=args.total_timesteps, initial=global_step, disable=not args.progress_bar, unit="step")
     next_obs_n = normalize(envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)[0], True)
     next_done, ep_length = np.zeros(args.num_envs, dtype=np.float32), np.zeros(args.num_envs, dtype=np.int64)
@@ -494,7 +494,9 @@ def main(args: Args):
         scalars = {f"losses/{name}": value for name, value in zip(names, stats[-1].tolist())}
         scalars["losses/clipfrac"] = torch.stack(stats)[:, 5].mean().item()
         scalars["losses/explained_variance"] = np.nan if var_y == 0 else 1 - np.var(returns - values) / var_y
-        scalars |= {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/SPS": sps, **monitor.collect()}
+        scalars |= {"charts/learning_rate": optimizer.param_groups[0]["lr"], **monitor.collect()}
+        if iteration > start_iteration:  # the first iteration after a start or resume is warm-up
+            scalars["charts/SPS"] = sps
         for key, value in scalars.items():
             writer.add_scalar(key, value, global_step)
         pbar.update(batch)
@@ -532,7 +534,7 @@ def main(args: Args):
         model_path = f"runs/{run_name}/{args.exp_name}.model"
         torch.save(dict(agent=agent.state_dict(), args=asdict(args), run_name=run_name), model_path)
         print(f"model saved to {model_path}")
-    monitor.__exit__(None, None, None)
+    monitor.close()
     envs.close()
     writer.close()
     print(f"wall time {time.time() - train_start:.1f}s, run dir runs/{run_name}")

@@ -56,6 +56,11 @@ EOF
 sweep_parse_common() {
   SWEEP_SHIFT=1
   case "$1" in
+    --)
+      shift
+      SWEEP_PASSTHROUGH=("$@") # everything after -- goes to the training script unchanged
+      SWEEP_SHIFT=$(($# + 1))
+      ;;
     --dry-run) SWEEP_DRY_RUN=1 ;;
     --track) SWEEP_TRACK=1 ;;
     --seeds | --jobs-per-gpu | --jobs | --log-dir)

@@ -33,11 +33,6 @@ while [[ $# -gt 0 ]]; do
       if [[ "$1" == --sizes ]]; then SIZES="$2"; else NUM_ENVS="$2"; fi
       shift 2
       ;;
-    --)
-      shift
-      SWEEP_PASSTHROUGH=("$@")
-      break
-      ;;
     *)
       sweep_parse_common "$@"
       shift "$SWEEP_SHIFT"

@@ -46,11 +46,6 @@ while [[ $# -gt 0 ]]; do
       GAE_LAMBDA="$2"
       shift 2
       ;;
-    --)
-      shift
-      SWEEP_PASSTHROUGH=("$@")
-      break
-      ;;
     *)
       sweep_parse_common "$@"
       shift "$SWEEP_SHIFT"

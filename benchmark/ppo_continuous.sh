@@ -41,11 +41,6 @@ while [[ $# -gt 0 ]]; do
       ALL_ENVS=1
       shift
       ;;
-    --)
-      shift
-      SWEEP_PASSTHROUGH=("$@")
-      break
-      ;;
     *)
       sweep_parse_common "$@"
       shift "$SWEEP_SHIFT"
