@@ -107,7 +107,7 @@ def limit_threads(num_threads: int = 1) -> None:
     torch.set_num_threads(num_threads)
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     """All positive divisors of ``n``, ascending."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -121,17 +121,17 @@ def choose_batch_size(total: int, requested: int | str = "auto", target: int | N
     """
     if total < 1:
         raise BatchSizeError(f"the total batch must be at least 1, got {total}")
-    divisors = _divisors(total)
+    divisors_of_total = divisors(total)
     if isinstance(requested, str):
         text = requested.strip().lower()
         if text == "auto":
             limit = total if target is None else max(1, target)
-            return max(d for d in divisors if d <= limit)
+            return max(d for d in divisors_of_total if d <= limit)
         if not text.isdigit():
             raise BatchSizeError(f"batch size {requested!r} must be 'auto' or a positive integer")
         requested = int(text)
     if requested < 1 or total % requested != 0:
-        near = sorted(divisors, key=lambda d: (abs(d - requested), d))[:6]
+        near = sorted(divisors_of_total, key=lambda d: (abs(d - requested), d))[:6]
         raise BatchSizeError(
             f"batch size {requested} does not divide the total batch {total}; valid sizes near it: "
             + ", ".join(str(d) for d in sorted(near))

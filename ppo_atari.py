@@ -277,7 +277,7 @@ if __name__ == "__main__":
         batch_size = args.num_envs * args.num_steps  # per process
         if args.num_minibatches is not None:
             if args.num_minibatches < 1 or batch_size % args.num_minibatches:
-                valid = ", ".join([str(d) for d in range(1, batch_size + 1) if batch_size % d == 0][:12])
+                valid = ", ".join(str(d) for d in gpu_utils.divisors(batch_size)[:12])
                 raise ValueError(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch_size} "
                                  f"(num_envs * num_steps); valid: {valid}")  # fmt: skip
             args.minibatch_size = batch_size // args.num_minibatches

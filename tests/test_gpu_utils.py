@@ -81,6 +81,7 @@ def test_select_device_offset_env_and_local_rank(fake_gpus, monkeypatch):
 
 
 def test_choose_batch_size():
+    assert gpu_utils.divisors(12) == [1, 2, 3, 4, 6, 12] and gpu_utils.divisors(1) == [1]
     assert choose_batch_size(2048, "auto", target=256) == 256
     assert choose_batch_size(2048, "auto") == 2048
     assert choose_batch_size(1000, "auto", target=300) == 250
