@@ -543,4 +543,7 @@ if __name__ == "__main__":
         writer.close()
     envs.close()
     if distributed:
+        # wait (GIL released) until rank 0 has written its files: exiting straight after the all_gather lets a gloo
+        # worker thread free the gathered tensors during interpreter shutdown, which aborts the process
+        dist.barrier()
         dist.destroy_process_group()
