@@ -69,7 +69,7 @@ class Args:
     amp: bool = False
     """bf16 autocast for the network's forward passes"""
     channels_last: bool = True
-    """keep conv weights channels-last (NHWC), which oneDNN (CPU) and cuDNN run faster"""
+    """keep conv weights and stored observations channels-last (NHWC), which oneDNN (CPU) and cuDNN run faster"""
 
     # Algorithm specific arguments
     env_id: str = "ALE/Breakout-v5"
@@ -397,6 +397,8 @@ if __name__ == "__main__":
     # ---------------- storage: rollout on the device, pinned host staging buffers ----------------
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    if args.channels_last:  # stored NHWC, so minibatches reach the convolutions without a layout copy
+        obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs, values = torch.zeros((2, args.num_steps, args.num_envs), device=device)
     pin = device.type == "cuda"

@@ -75,7 +75,9 @@ if __name__ == "__main__":
         "ppo_atari (CleanRL settings)": (ours, [*common, *cleanrl], 1024),
         "ppo_atari (defaults)": (ours, common, 2048),
     }
-    if not torch.cuda.is_available():  # bf16 autocast; speed depends on the CPU's bf16 support
+    if not torch.cuda.is_available():  # torch.compile (inductor, C++ kernels), and bf16 autocast (CPU-dependent)
+        configs["ppo_atari (CleanRL settings) --compile"] = (ours, [*common, *cleanrl, "--compile"], 1024)
+        configs["ppo_atari (defaults) --compile"] = (ours, [*common, "--compile"], 2048)
         configs["ppo_atari (CleanRL settings) --amp"] = (ours, [*common, *cleanrl, "--amp"], 1024)
     if torch.cuda.is_available():
         configs["ppo_atari (CleanRL settings) --compile --cudagraphs"] = (
