@@ -44,7 +44,7 @@ class Args:
     """allow TF32 matmuls/convolutions on GPUs that support them"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "cleanRL"
+    wandb_project_name: str = "gpu-rl"
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""

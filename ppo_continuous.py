@@ -37,7 +37,7 @@ class Args:
     """allow TF32 matmuls on GPU"""
     track: bool = False
     """if toggled, mirror TensorBoard to Weights and Biases"""
-    wandb_project_name: str = "cleanRL"
+    wandb_project_name: str = "gpu-rl"
     """the wandb project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
