@@ -272,10 +272,18 @@ def ref_from_env(env, i):
     return RefSnake(env.h, env.w, body, int(env.direction[i]), food)
 
 
-@pytest.mark.parametrize("mode,h,w", [("sparse", 5, 5), ("dense", 4, 6)])
-def test_matches_plain_python_reference(mode, h, w):
+@pytest.mark.parametrize(
+    "device,mode,h,w",
+    [
+        ("cpu", "sparse", 5, 5),
+        ("cpu", "dense", 4, 6),
+        pytest.param("cuda", "dense", 5, 5, marks=pytest.mark.gpu),
+        pytest.param("cuda", "sparse", 4, 6, marks=pytest.mark.gpu),
+    ],
+)
+def test_matches_plain_python_reference(device, mode, h, w):
     n, steps = 24, 1200
-    env = VecSnake(n, h, w, seed=7, mode=mode)
+    env = VecSnake(n, h, w, device=device, seed=7, mode=mode)
     env.reset()
     refs = [ref_from_env(env, i) for i in range(n)]
     rng = torch.Generator().manual_seed(11)
@@ -290,7 +298,7 @@ def test_matches_plain_python_reference(mode, h, w):
                 (hr, hc), (fr, fc) = ref.body[0], ref.food
                 a = DOWN if fr > hr else UP if fr < hr else RIGHT if fc > hc else LEFT
             actions.append(a)
-        obs, reward, term, trunc, info = env.step(torch.tensor(actions))
+        obs, reward, term, trunc, info = env.step(torch.tensor(actions, device=device))
         final = info["final_obs"]
         for i, ref in enumerate(refs):
             r, te, tr = ref.step(actions[i])

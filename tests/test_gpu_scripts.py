@@ -1,0 +1,57 @@
+"""GPU runs of the three scripts (CUDA only; skipped without it): a tiny budget on the GPU, plain and with
+--compile --cudagraphs --amp, checking that the run used the GPU, finished, and logged what a GPU run logs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.gpu
+FAST_PATHS = ["--compile", "--cudagraphs", "--amp"]
+
+
+def run(script, args, cwd):
+    env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, str(ROOT / script), "--no-progress-bar", *map(str, args)]
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def scalar_tags(cwd):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = (Path(cwd) / "runs").iterdir()
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+@pytest.mark.parametrize("extra", [[], FAST_PATHS], ids=["eager", "fast-paths"])
+def test_ppo_atari_on_gpu(tmp_path, extra):
+    args = ["--num-envs", 8, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1, "--gpu", "true"]
+    out = run("ppo_atari.py", [*args, "--total-timesteps", 768, *extra], tmp_path)
+    assert "parameters on cuda" in out and "peak allocated" in out
+    assert "done: global_step=768 iterations=3/3" in out
+    tags = scalar_tags(tmp_path)
+    assert {"charts/SPS", "losses/value_loss", "memory/estimated_mib", "memory/peak_allocated_mib"} <= tags
+
+
+@pytest.mark.parametrize("extra", [[], FAST_PATHS], ids=["eager", "fast-paths"])
+def test_ppo_continuous_preset_on_gpu(tmp_path, extra):
+    # --gpu auto puts a preset on the GPU; the preset's minibatch (2048) shrinks to the 256-step batch
+    args = ["--env-id", "HalfCheetah-v5", "--preset", "fast", "--num-envs", 4, "--num-steps", 64, "--update-epochs", 2]
+    out = run("ppo_continuous.py", [*args, "--total-timesteps", 768, *extra], tmp_path)
+    assert "device: cuda" in out and "peak allocated" in out
+    assert {"charts/SPS", "losses/value_loss", "memory/peak_allocated_mib"} <= scalar_tags(tmp_path)
+
+
+@pytest.mark.parametrize("extra", [[], FAST_PATHS, ["--buffer-device", "cpu"]], ids=["eager", "fast-paths", "host"])
+def test_dqn_snake_on_gpu(tmp_path, extra):
+    args = ["--num-envs", 512, "--batch-size", 256, "--buffer-size", 16384, "--learning-starts", 2048, "--gpu", "true"]
+    out = run("dqn_snake_vec.py", [*args, "--log-every", 2048, "--total-timesteps", 8192, *extra], tmp_path)
+    assert "peak GPU memory allocated" in out
+    assert {"charts/SPS", "losses/td_loss", "memory/peak_allocated_mib"} <= scalar_tags(tmp_path)
