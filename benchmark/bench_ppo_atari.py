@@ -3,8 +3,8 @@
 SPS here = agent steps per second between the end of the first (warm-up) iteration and the end of the last one,
 read from the wall-clock times of the `charts/learning_rate` TensorBoard events that both scripts write once per
 iteration; the same ruler for both scripts. Configurations: CleanRL settings (--num-envs 8 --num-minibatches 4,
-minibatch 256) for both scripts, ppo_atari.py defaults (16 envs, minibatch 256) and, when CUDA is present,
-ppo_atari.py with --compile --cudagraphs. Runs are interleaved over --repeats rounds to spread machine noise.
+minibatch 256) for both scripts, ppo_atari.py defaults (16 envs, minibatch 256), and then on a CPU ppo_atari.py with
+--compile and with --amp, on a GPU with --compile --cudagraphs. Runs are interleaved over --repeats rounds to spread machine noise.
 
     python benchmark/bench_ppo_atari.py --iterations 5 --repeats 2
 """
