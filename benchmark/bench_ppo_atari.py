@@ -4,13 +4,13 @@ SPS here = agent steps per second between the end of the first (warm-up) iterati
 read from the wall-clock times of the `charts/learning_rate` TensorBoard events that both scripts write once per
 iteration; the same ruler for both scripts. Configurations: CleanRL settings (--num-envs 8 --num-minibatches 4,
 minibatch 256) for both scripts, ppo_atari.py defaults (16 envs, minibatch 256), and then on a CPU ppo_atari.py with
---compile and with --amp, on a GPU with --compile --cudagraphs. Runs are interleaved over --repeats rounds to spread machine noise.
+--compile and with --amp, on a GPU with --compile --cudagraphs. Runs are interleaved over --repeats rounds to
+spread machine noise.
 
     python benchmark/bench_ppo_atari.py --iterations 5 --repeats 2
 """
 
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tyro
+from throughput import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,20 +50,6 @@ def sps_from_run(cwd: Path) -> float:
     return (last.step - first.step) / (last.wall_time - first.wall_time)
 
 
-def machine() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        cpu = next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    text = f"{cpu}, {os.cpu_count()} logical cores"
-    import torch
-
-    if torch.cuda.is_available():
-        text += f", GPU {torch.cuda.get_device_name(0)}"
-    return text + f", torch {torch.__version__}"
-
-
 if __name__ == "__main__":
     args = tyro.cli(Args)
     import torch
@@ -90,8 +77,7 @@ if __name__ == "__main__":
         configs.pop("baseline (CleanRL settings)")
     if args.only:
         configs = {k: v for k, v in configs.items() if k in args.only.split(",")}
-    print(f"machine: {machine()}")
-    print(f"load average at start: {os.getloadavg()}")
+    print(f"machine: {machine_line()}")
     results, cpu_cost = {name: [] for name in configs}, {name: [] for name in configs}
     for round_ in range(args.repeats):
         for name, (script, flags, batch) in configs.items():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+
+from throughput import machine_line  # noqa: E402
 
 import gpu_utils  # noqa: E402
 
@@ -56,14 +57,8 @@ def main():
     parser.add_argument("--extra", default="", help="extra flags for ppo_continuous.py runs, e.g. '--compile'")
     opts = parser.parse_args()
 
-    import torch
-
     device = gpu_utils.select_device(opts.gpu)
-    cpu = platform.processor() or platform.machine()
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPU cores ({cpu}), torch {torch.__version__}")
-    if device.type == "cuda":
-        print(f"GPU: {torch.cuda.get_device_name(device)}")
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"machine: {machine_line()}; benchmark device: {device}")
 
     py, script = sys.executable, os.path.join(ROOT, "ppo_continuous.py")
     steps = opts.iterations * 2048

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -27,6 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+
+from throughput import machine_line  # noqa: E402
 
 
 def raw_rate(num_envs: int, device: str, seconds: float, height: int, width: int, mode: str) -> tuple[float, float]:
@@ -90,11 +91,7 @@ def main() -> None:
     import torch
 
     devices = [args.device] if args.device != "auto" else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"machine: {platform.node()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}", end="")
-    if torch.cuda.is_available():
-        print(f", GPU {torch.cuda.get_device_name(0)}", end="")
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f", load average {load[0]:.2f}" if load else "", flush=True)
+    print(f"machine: {machine_line()}", flush=True)
     for device in devices:
         on_gpu = device.startswith("cuda")
         sizes = args.sizes or ([256, 4096, 65536, 262144, 1048576, 4194304] if on_gpu else [256, 4096, 65536])

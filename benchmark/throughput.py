@@ -87,6 +87,11 @@ def machine_info() -> dict[str, str]:
     return info
 
 
+def machine_line() -> str:
+    """machine_info() on one line, for the per-script benchmarks' output."""
+    return "; ".join(f"{key}: {value}" for key, value in machine_info().items())
+
+
 def read_sps(run_dir: str) -> list[float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
