@@ -554,12 +554,12 @@ if __name__ == "__main__":
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.update(signal=signal.Signals(signum).name))
 
-    def save_checkpoint(iteration):
+    def save_checkpoint(iteration, status):
         path = f"runs/{run_name}/checkpoint.pt"
         state = {key: module.state_dict() for key, module in stateful.items()}
         state.update(iteration=iteration, global_step=iteration * n, args=vars(args), run_name=run_name,
                      rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state(device) if cuda else None,
-                     wandb_id=wandb.run.id if args.track else None)  # fmt: skip
+                     wandb_id=wandb.run.id if args.track else None, status=status)  # fmt: skip
         torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
         return path
@@ -638,15 +638,18 @@ if __name__ == "__main__":
             train_stats.zero_()
             t_log, last_log_iteration = time.perf_counter(), iteration
         if stop["signal"]:
-            path = save_checkpoint(iteration)
-            print(f"stopping on {stop['signal']}: checkpoint at step {iteration * n} in {path}")
+            path = save_checkpoint(iteration, "stopped")
+            print(
+                f"stopping on {stop['signal']}: checkpoint at step {iteration * n}; "
+                f"continue with: python {sys.argv[0]} --resume {path}"
+            )
             break
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            save_checkpoint(iteration)
+            save_checkpoint(iteration, "running")
 
     pbar.close()
     if not stop["signal"]:
-        save_checkpoint(iteration)
+        save_checkpoint(iteration, "finished")
         if args.save_model:
             path = f"runs/{run_name}/{args.exp_name}.model"
             torch.save(dict(q_network=q_network.state_dict(), args=vars(args), run_name=run_name), path)

@@ -53,7 +53,7 @@ class Args:
     progress_bar: bool = True
     """show a progress bar with steps, SPS and recent return"""
     checkpoint_every: int = 100
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only on SIGINT/SIGTERM)"""
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on SIGINT/SIGTERM)"""
     resume: str | None = None
     """path of a checkpoint.pt to continue the same run (same run dir, hyperparameters and total steps)"""
     save_model: bool = False
@@ -417,13 +417,14 @@ if __name__ == "__main__":
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
 
-    def save_checkpoint(iteration):
+    def save_checkpoint(iteration, status):
         path = f"runs/{run_name}/checkpoint.pt"
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         rng["cuda"] = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), iteration=iteration, rng=rng)
         state.update(global_step=global_step, args=vars(args), run_name=run_name)
         state["wandb_id"] = wandb.run.id if args.track else None
+        state["status"] = status  # running (periodic), stopped (by a signal) or finished
         torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
 
@@ -515,10 +516,13 @@ if __name__ == "__main__":
             pbar.update(args.batch_size)
             if not args.progress_bar and (iteration % 10 == 0 or iteration == args.num_iterations):
                 print(f"iteration {iteration}/{args.num_iterations} step={global_step} SPS={sps:,.0f} ret={recent:.1f}")
-            if stopping:
-                print(f"stopping on {(stop or ['a signal to another process'])[0]}: checkpoint at step {global_step}")
             if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping:
-                save_checkpoint(iteration)
+                save_checkpoint(iteration, "stopped" if stopping else "running")
+            if stopping:
+                print(
+                    f"stopping on {(stop or ['a signal to another process'])[0]}: checkpoint at step {global_step}; "
+                    f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
+                )
         if stopping:
             break
 
@@ -531,8 +535,8 @@ if __name__ == "__main__":
         if is_main:
             print(f"weights identical on all {world_size} processes: {all(torch.equal(g, checksum) for g in gathered)}")
     if is_main:
-        if args.checkpoint_every and not stopping and args.num_iterations >= start_iteration:
-            save_checkpoint(iteration)
+        if not stopping and args.num_iterations >= start_iteration:
+            save_checkpoint(iteration, "finished")
         if args.save_model:
             model_path = f"runs/{run_name}/{args.exp_name}.model"
             torch.save({"model": agent.state_dict(), "args": vars(args)}, model_path)

@@ -514,11 +514,15 @@ def main(args: Args):
             state.update(run_name=run_name, iteration=iteration, global_step=global_step)
             state["ret_rms"] = (float(ret_rms.mean), float(ret_rms.var), float(ret_rms.count))
             state["wandb_id"] = wandb.run.id if args.track else None
+            state["status"] = "stopped" if stop else "finished" if iteration == num_iterations else "running"
             path = f"runs/{run_name}/checkpoint.pt"
             torch.save(state, path + ".tmp")
             os.replace(path + ".tmp", path)  # atomic: an interrupted save keeps the previous checkpoint
             if stop:
-                print(f"signal {stop[0]}: checkpoint written to {path}; continue with --resume {path}")
+                print(
+                    f"stopping on {signal.Signals(stop[0]).name}: checkpoint at step {global_step}; "
+                    f"continue with: python {sys.argv[0]} --resume {path}"
+                )
                 break
 
     pbar.close()

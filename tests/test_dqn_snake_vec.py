@@ -454,13 +454,15 @@ def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     ckpt = torch.load(ckpt_path, weights_only=False)
     k = ckpt["iteration"]
-    assert k >= 6 and ckpt["global_step"] == 32 * k
+    assert k >= 6 and ckpt["global_step"] == 32 * k and ckpt["status"] == "stopped"
+    assert f"--resume runs/{ckpt['run_name']}/checkpoint.pt" in out
     ckpt["args"]["total_timesteps"] = 32 * (k + 4)  # shorten the run so the test stays fast
     torch.save(ckpt, ckpt_path)
     res = run([*SMALL, "--resume", ckpt_path], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"at step {32 * k}" in res.stdout and f"step={32 * (k + 4)} " in res.stdout
-    assert torch.load(ckpt_path, weights_only=False)["iteration"] == k + 4
+    final = torch.load(ckpt_path, weights_only=False)
+    assert final["iteration"] == k + 4 and final["status"] == "finished"
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
 
 

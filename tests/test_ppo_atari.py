@@ -130,12 +130,14 @@ def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     ckpt = torch.load(ckpt_path, weights_only=False)
     assert ckpt["global_step"] < total and set(ckpt["rng"]) >= {"python", "numpy", "torch"}
+    assert ckpt["status"] == "stopped" and f"--resume runs/{ckpt['run_name']}/checkpoint.pt" in stdout
     out = run(["--resume", ckpt_path, "--no-progress-bar"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert f"done: global_step={total} iterations=60/60" in out.stdout
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # same run dir
     steps = [s for s, _ in scalars(Path(ckpt_path).parent)["charts/learning_rate"]]
     assert steps[-1] == total and len(set(steps)) == 60
+    assert torch.load(ckpt_path, weights_only=False)["status"] == "finished"
 
 
 def test_eval_saved_model_and_checkpoint(base_run):

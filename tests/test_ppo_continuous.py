@@ -224,11 +224,11 @@ def test_resume_after_sigterm_reaches_same_total(tmp_path):
             break
     out = line + proc.stdout.read()
     assert proc.wait(timeout=60) == 0
-    assert "checkpoint written" in out, out
+    assert "stopping on SIGTERM" in out and "--resume" in out, out
     ckpt_path = run_dir(tmp_path) / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=True)
     stopped = ckpt["global_step"]
-    assert 3 * 32 <= stopped < total and ckpt["iteration"] * 32 == stopped
+    assert 3 * 32 <= stopped < total and ckpt["iteration"] * 32 == stopped and ckpt["status"] == "stopped"
     assert not (run_dir(tmp_path) / "ppo_continuous.model").exists()
 
     res = run(tmp_path, "--resume", ckpt_path, "--no-progress-bar")
@@ -240,6 +240,7 @@ def test_resume_after_sigterm_reaches_same_total(tmp_path):
     # statistics carried over: every transition of both legs + one reset observation per leg
     assert final["agent"]["obs_norm.count"].item() == pytest.approx(total + 2, abs=1e-3)
     assert final["args"]["total_timesteps"] == total
+    assert torch.load(ckpt_path, weights_only=True)["status"] == "finished"
 
 
 def _descendants(pid):
