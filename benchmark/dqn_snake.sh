@@ -57,9 +57,14 @@ for size in $SIZES; do
   for n in $NUM_ENVS; do
     sweep_is_uint "$n" || sweep_die "num_envs '$n' is not a positive integer"
     name_args=()
-    sweep_passthrough_has --exp-name || name_args=(--exp-name "dqn_snake_vec_n$n")
+    exp_name="$(sweep_passthrough_value --exp-name)"
+    if [[ -z "$exp_name" ]]; then
+      exp_name="dqn_snake_vec_n$n"
+      name_args=(--exp-name "$exp_name")
+    fi
     for seed in $SEEDS; do
-      sweep_add "Snake${h}x${w} n=$n seed=$seed" dqn_snake_vec.py --height "$h" --width "$w" --num-envs "$n" \
+      sweep_add "Snake${h}x${w} n=$n seed=$seed" "Snake${h}x${w}__${exp_name}__$seed" dqn_snake_vec.py \
+        --height "$h" --width "$w" --num-envs "$n" \
         ${name_args[@]+"${name_args[@]}"} --seed "$seed"
     done
   done

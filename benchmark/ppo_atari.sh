@@ -4,6 +4,8 @@
 #   benchmark/ppo_atari.sh --dry-run                         # 8 games x 3 seeds, print commands only
 #   benchmark/ppo_atari.sh --games "Breakout Pong" --seeds "1 2" -- --total-timesteps 2000000
 #   ALL_GAMES=1 JOBS_PER_GPU=2 benchmark/ppo_atari.sh --track     # all 57 games, 2 runs per GPU
+#   benchmark/ppo_atari.sh --all --slurm --partition gpu --gpus-per-run 1 --cpus-per-run 8 --time 24:00:00
+#                                                            # 171 runs as one SLURM job array
 #
 # Each game's --gae-lambda comes from benchmark/atari_lambdas.csv; `--gae-lambda X` after `--` (or the
 # GAE_LAMBDA variable) overrides it for every game.
@@ -67,6 +69,9 @@ fi
 if sweep_passthrough_has --gae-lambda; then
   GAE_LAMBDA="" # the pass-through value is used as given
 fi
+sweep_passthrough_has --env-id && sweep_die "choose games with --games before --, not --env-id after it"
+EXP_NAME="$(sweep_passthrough_value --exp-name)"
+EXP_NAME="${EXP_NAME:-ppo_atari}" # the script's default, the second part of its run names
 
 for game in $GAMES; do
   game="${game#ALE/}"
@@ -88,7 +93,8 @@ for game in $GAMES; do
     lam_args=(--gae-lambda "$lam")
   fi
   for seed in $SEEDS; do
-    sweep_add "ALE/${game}-v5 seed=$seed $lam_note" ppo_atari.py --env-id "ALE/${game}-v5" \
+    sweep_add "ALE/${game}-v5 seed=$seed $lam_note" "ALE_${game}-v5__${EXP_NAME}__$seed" ppo_atari.py \
+      --env-id "ALE/${game}-v5" \
       ${lam_args[@]+"${lam_args[@]}"} --seed "$seed"
   done
 done

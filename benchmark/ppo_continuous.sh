@@ -53,6 +53,7 @@ if [[ -z "$ENVS" ]]; then
   [[ "$ALL_ENVS" == 1 ]] && ENVS="$ENVS $MORE_ENVS"
 fi
 sweep_passthrough_has --preset && sweep_die "choose presets with --presets before --, not --preset after it"
+sweep_passthrough_has --env-id && sweep_die "choose envs with --envs before --, not --env-id after it"
 
 for env_id in $ENVS; do
   for preset in $PRESETS; do
@@ -61,15 +62,14 @@ for env_id in $ENVS; do
       fast | heavy | beast) preset_args=(--preset "$preset") ;;
       *) sweep_die "unknown preset '$preset' (use default, fast, heavy or beast)" ;;
     esac
-    if ! sweep_passthrough_has --exp-name; then
-      if [[ "$preset" == default ]]; then
-        preset_args+=(--exp-name ppo_continuous)
-      else
-        preset_args+=(--exp-name "ppo_continuous_$preset")
-      fi
+    exp_name="$(sweep_passthrough_value --exp-name)"
+    if [[ -z "$exp_name" ]]; then
+      exp_name=ppo_continuous
+      [[ "$preset" == default ]] || exp_name="ppo_continuous_$preset"
+      preset_args+=(--exp-name "$exp_name")
     fi
     for seed in $SEEDS; do
-      sweep_add "$env_id $preset seed=$seed" ppo_continuous.py --env-id "$env_id" \
+      sweep_add "$env_id $preset seed=$seed" "${env_id//\//_}__${exp_name}__$seed" ppo_continuous.py --env-id "$env_id" \
         ${preset_args[@]+"${preset_args[@]}"} --seed "$seed"
     done
   done
