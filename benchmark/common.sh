@@ -314,14 +314,16 @@ _sweep_slot_prefix() {
 # Run one command in slot $4, log to $2, record its exit code in $3 ("stopped" when a TERM stopped it). TERM/INT are
 # forwarded to the run so that the training script can write its checkpoint and close its logs.
 _sweep_run_one() {
-  local cmd="$1" log="$2" rcfile="$3" slot="$4" pid rc prefix stopped=0
+  local cmd="$1" log="$2" rcfile="$3" slot="$4" pid="" rc prefix stopped=0
   trap '' INT
+  trap 'stopped=1; [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null' TERM
   prefix="$(_sweep_slot_prefix "$slot")"
+  ((stopped)) && return 0 # stopped before it started: the summary lists it as not started
   echo "# $(date -u '+%Y-%m-%dT%H:%M:%SZ') slot $slot: $prefix $cmd" >"$log"
   # shellcheck disable=SC2086  # the prefix is VAR=value words and taskset's arguments, without spaces inside
   env $prefix bash -c "$cmd" >>"$log" 2>&1 </dev/null &
   pid=$!
-  trap 'stopped=1; kill -TERM "$pid" 2>/dev/null' TERM
+  ((stopped)) && kill -TERM "$pid" 2>/dev/null
   while :; do
     wait "$pid"
     rc=$?
@@ -334,7 +336,7 @@ _sweep_run_one() {
   fi
   if ((stopped && rc == 0)); then
     echo "stopped" >"$rcfile"
-    echo "[sweep] stopped        $(basename "$log" .log): checkpoint written; continue with --resume-existing"
+    echo "[sweep] stopped       $(basename "$log" .log): checkpoint written; continue with --resume-existing"
   else
     echo "$rc" >"$rcfile"
     if [[ "$rc" -eq 0 ]]; then
@@ -748,6 +750,7 @@ if ! run_args "$i"; then
 fi
 exec >>"$LOG_DIR/$LOG" 2>&1 || exit 2
 cd "$REPO" || exit 2
+unset CUDA_OFFSET # SLURM gives the task its GPUs (CUDA_VISIBLE_DEVICES): the run takes the first one it sees
 
 # Thread budget: the CPUs SLURM gave this task (--cpus-per-task), else those of the job on this node.
 cpus="${SLURM_CPUS_PER_TASK:-${SLURM_JOB_CPUS_PER_NODE:-}}"

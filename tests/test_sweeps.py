@@ -629,7 +629,7 @@ def test_slurm_task_script_without_slurm(tmp_path):
     fake_log = tmp_path / "fake.log"
 
     def task(i, wait=False, **env):
-        full = sweep_env({"FAKE_LOG": str(fake_log), "SLURM_ARRAY_JOB_ID": "77", "SLURM_JOB_ID": str(100 + (i or 0)), **env})
+        full = sweep_env({"FAKE_LOG": str(fake_log), "SLURM_ARRAY_JOB_ID": "77", "SLURM_JOB_ID": f"10{i}", **env})
         if i is not None:
             full["SLURM_ARRAY_TASK_ID"] = str(i)
         if wait:

@@ -1,0 +1,228 @@
+"""Sweeps on a live SLURM cluster: benchmark/slurm/local_cluster.sh starts a one-node cluster on this machine, the
+sweep scripts submit real job arrays to it, and the tests check what the runs left behind.
+
+Marked `slurm`; skipped (with the reason) where sbatch, the SLURM daemons or root are missing. `.ci/run` installs
+SLURM first when it can (`benchmark/slurm/local_cluster.sh install`). Only this module's own cluster is used: its
+daemons are stopped at the end even when a test fails.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmark")
+CLUSTER = os.path.join(BENCH, "slurm", "local_cluster.sh")
+MISSING = [tool for tool in ("sbatch", "squeue", "scontrol", "scancel", "slurmctld", "slurmd", "munged")
+           if shutil.which(tool) is None]  # fmt: skip
+INSTALL = "install SLURM as root with: benchmark/slurm/local_cluster.sh install"
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(bool(MISSING), reason=f"no {', '.join(MISSING)} on this machine; {INSTALL}"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local test cluster runs slurmd as root; run the tests as root"),
+]
+# a tiny run of each script: a few hundred steps on the CPU
+ATARI_TINY = ["--num-envs", "2", "--num-steps", "16", "--minibatch-size", "16", "--total-timesteps", "32"]
+SNAKE_TINY = ["--total-timesteps", "256", "--learning-starts", "64", "--batch-size", "32", "--buffer-size", "2048"]
+# env steps only (learning would start after the end): seconds, far longer than a SIGTERM takes to arrive
+SNAKE_LONGER = ["--total-timesteps", "16000", "--learning-starts", "100000000", "--buffer-size", "20000"]
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Start the cluster in a temp dir; yield the environment that reaches it; stop exactly its daemons."""
+    state = tmp_path_factory.mktemp("slurm")
+    res = subprocess.run(["bash", CLUSTER, "start", str(state)], capture_output=True, text=True, timeout=600)
+    pid_files = [state / "slurmctld.pid", state / "slurmd.pid", state / "munge" / "munged.pid"]
+    pids = [int(p.read_text()) for p in pid_files if p.exists() and p.read_text().strip().isdigit()]
+    try:
+        assert res.returncode == 0, f"local_cluster.sh start failed:\n{res.stdout}{res.stderr}"
+        m = re.search(r"^export SLURM_CONF=(\S+)$", res.stdout, re.M)
+        assert m, res.stdout
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+        for key in ("CUDA_OFFSET", "CUDA_VISIBLE_DEVICES", "JOBS", "JOBS_PER_GPU", "CPUS", "CPUS_PER_RUN", "LOG_DIR"):
+            env.pop(key, None)
+        env.update(SLURM_CONF=m.group(1), PYTHON=sys.executable, NUM_GPUS="0")
+        yield env
+    finally:
+        stop = subprocess.run(["bash", CLUSTER, "stop", str(state)], capture_output=True, text=True, timeout=300)
+        left = [pid for pid in pids if pid_alive(pid)]
+        assert stop.returncode == 0 and not left, f"daemons {left} still run after stop:\n{stop.stdout}{stop.stderr}"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A copy of the scripts and benchmark/: runs/ and --resume-existing see only these tests' runs."""
+    dest = tmp_path_factory.mktemp("repo")
+    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py"):
+        shutil.copy(os.path.join(ROOT, name), dest)
+    shutil.copytree(BENCH, dest / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    return dest
+
+
+def submit(repo, env, script, *args):
+    """Run a sweep script with --slurm; return the job id it submitted."""
+    cmd = ["bash", str(repo / "benchmark" / script), "--slurm", *map(str, args)]
+    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    m = re.search(r"submitted job array (\d+) ", res.stdout)
+    assert m, res.stdout
+    return m.group(1)
+
+
+def squeue(env, job):
+    res = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i %t"], env=env, capture_output=True, text=True)
+    return res.stdout.split() if res.returncode == 0 else []
+
+
+def wait_job(env, job, timeout):
+    """Wait until no task of the job is pending, running or completing; return {task id: (state, exit code)}."""
+    deadline = time.time() + timeout
+    while squeue(env, job):
+        if time.time() > deadline:
+            subprocess.run(["scancel", job], env=env)
+            raise AssertionError(f"job {job} still queued after {timeout} s: {squeue(env, job)}")
+        time.sleep(0.5)
+    res = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    tasks = {}
+    for line in res.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        tasks[int(fields.get("ArrayTaskId", 0))] = (fields["JobState"], fields["ExitCode"])  # 0: not an array
+    return tasks
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_dirs(repo, run_id):
+    return sorted((repo / "runs").glob(f"{run_id}__*"))
+
+
+def checkpoint(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
+    """Two Atari games x one seed and one Snake run as job arrays: every run logs to TensorBoard, report.py reads it."""
+    atari = submit(repo, cluster, "ppo_atari.sh", "--games", "Pong Breakout", "--seeds", "1", "--log-dir", "logs/atari",
+                   "--", *ATARI_TINY, "--no-progress-bar")  # fmt: skip
+    snake = submit(repo, cluster, "dqn_snake.sh", "--sizes", "6", "--num-envs", "8", "--seeds", "1", "--log-dir",
+                   "logs/snake", "--", *SNAKE_TINY, "--no-progress-bar")  # fmt: skip
+    assert wait_job(cluster, atari, 300) == {0: ("COMPLETED", "0:0"), 1: ("COMPLETED", "0:0")}
+    assert wait_job(cluster, snake, 300) == {0: ("COMPLETED", "0:0")}
+
+    for run_id, steps, log in [
+        ("ALE_Pong-v5__ppo_atari__1", 32, "atari/000_ALE_Pong-v5_seed=1_lambda=0.85.log"),
+        ("ALE_Breakout-v5__ppo_atari__1", 32, "atari/001_ALE_Breakout-v5_seed=1_lambda=0.70.log"),
+        ("Snake6x6__dqn_snake_vec_n8__1", 256, "snake/000_Snake6x6_n=8_seed=1.log"),
+    ]:
+        (run_dir,) = run_dirs(repo, run_id)
+        assert list(run_dir.glob("events.out.tfevents.*")), run_dir
+        ckpt = checkpoint(run_dir)
+        assert ckpt["status"] == "finished" and ckpt["global_step"] == steps
+        text = (repo / "logs" / log).read_text()
+        assert re.search(r"slurm job \d+_\d \(job \d+\) on .*: 1 CPUs \(OMP_NUM_THREADS=1 MKL_NUM_THREADS=1\)", text)
+        assert "exit code 0" in text and "--session" not in text
+    assert (repo / "logs" / "atari" / "ppo_atari.sbatch").exists()
+    assert f" {atari} sbatch --parsable " in (repo / "logs" / "atari" / "submissions.txt").read_text()
+
+    res = subprocess.run([sys.executable, str(repo / "benchmark" / "report.py"), "runs", "--out", "report"], cwd=repo,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    table = (repo / "report" / "report.md").read_text()
+    for exp, env, steps in [("ppo_atari", "ALE_Pong-v5", "32"), ("ppo_atari", "ALE_Breakout-v5", "32"),
+                            ("dqn_snake_vec_n8", "Snake6x6", "256")]:  # fmt: skip
+        rows = [line for line in table.splitlines() if f"| {exp} | {env} |" in line]
+        assert len(rows) == 1, table
+        assert [c.strip() for c in rows[0].strip("|").split("|")][4] == steps, rows[0]
+
+
+def test_scancel_then_resume_existing(cluster, repo):
+    """scancel stops a running sweep with checkpoints; resubmitting with --resume-existing skips the finished run,
+    continues the stopped one in its own run dir and starts the one that never ran."""
+    # seed 1 finished before this sweep (a checkpoint like the scripts write)
+    done_dir = repo / "runs" / "Snake5x5__dqn_snake_vec_n8__1__1700000000"
+    done_dir.mkdir(parents=True)
+    torch.save(
+        {"args": {"total_timesteps": 16000}, "status": "finished", "global_step": 16000}, done_dir / "checkpoint.pt"
+    )
+    args = ["--sizes", "5", "--num-envs", "8", "--seeds", "1 2 3", "--max-parallel", "1", "--resume-existing",
+            "--log-dir", "logs/stop", "--", *SNAKE_LONGER, "--log-every", "400", "--no-progress-bar"]  # fmt: skip
+    logs = repo / "logs" / "stop"
+    job = submit(repo, cluster, "dqn_snake.sh", *args)
+    log1 = logs / "001_Snake5x5_n=8_seed=2.log"
+    wait_for(lambda: log1.exists() and "step=" in log1.read_text(), 240, "the seed-2 run's first progress line")
+    subprocess.run(["scancel", job], env=cluster, check=True)
+    tasks = wait_job(cluster, job, 180)
+    assert tasks[0] == ("COMPLETED", "0:0") and tasks[1][0] == "CANCELLED" and tasks[2][0] == "CANCELLED", tasks
+    assert "[sweep] skip: finished at step 16,000 of 16,000" in (logs / "000_Snake5x5_n=8_seed=1.log").read_text()
+    text = log1.read_text()
+    assert "stopping on SIGTERM" in text and "stopped by SIGTERM with its checkpoint written" in text, text
+    (run_dir,) = run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__2")
+    stopped = checkpoint(run_dir)
+    assert stopped["status"] == "stopped" and 0 < stopped["global_step"] < 16000
+    assert not (logs / "002_Snake5x5_n=8_seed=3.log").exists()  # was still pending: never started
+    assert not run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__3")
+
+    job = submit(repo, cluster, "dqn_snake.sh", *args)  # the same sweep again
+    assert wait_job(cluster, job, 400) == {i: ("COMPLETED", "0:0") for i in range(3)}
+    assert (logs / "000_Snake5x5_n=8_seed=1.log").read_text().count("[sweep] skip: finished") == 2
+    assert run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__1") == [done_dir]
+    assert run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__2") == [run_dir]  # continued in its run dir
+    text = log1.read_text()
+    assert f"[sweep] resume: stopped at step {stopped['global_step']:,} of 16,000" in text
+    assert f"resumed {run_dir.name} at step {stopped['global_step']}" in text
+    final = checkpoint(run_dir)
+    assert final["status"] == "finished" and final["global_step"] == 16000
+    (new_dir,) = run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__3")
+    assert "[sweep] fresh start" in (logs / "002_Snake5x5_n=8_seed=3.log").read_text()
+    assert checkpoint(new_dir)["status"] == "finished"
+
+
+def test_multinode_template_runs_ddp(cluster, repo):
+    """The multi-node sbatch template on the one-node cluster: srun + torchrun, 2 processes (gloo on the CPU)."""
+    template = repo / "benchmark" / "slurm" / "ppo_atari_multinode.sbatch"
+    env = {**cluster, "NPROC_PER_NODE": "2", "RDZV_PORT": str(free_port())}
+    cmd = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=2", "--time=10",
+           "--output=ddp_%j.out", str(template), "--env-id", "ALE/Pong-v5", *ATARI_TINY,
+           "--total-timesteps", "128", "--seed", "7", "--no-progress-bar"]  # fmt: skip
+    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+    assert wait_job(cluster, job, 300) == {0: ("COMPLETED", "0:0")}
+    out = (repo / f"ddp_{job}.out").read_text()
+    assert "1 node(s) x 2 process(es)" in out and "parameters on cpu, 2 process(es)" in out, out
+    assert "weights identical on all 2 processes: True" in out, out
+    (run_dir,) = run_dirs(repo, "ALE_Pong-v5__ppo_atari__7")
+    ckpt = checkpoint(run_dir)
+    assert ckpt["status"] == "finished" and ckpt["global_step"] == 128
