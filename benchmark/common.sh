@@ -74,7 +74,8 @@ sweep_note() { echo "[sweep] note: $*" >&2; }
 sweep_common_help() {
   cat <<'EOF'
 Common options:
-  --dry-run            print every command with its device, CPUs and threads (with --slurm: the sbatch script); run nothing
+  --dry-run            print every command with its device, CPUs and threads (with --slurm: the sbatch script);
+                       run nothing
   --track              pass --track to every run (wandb; WANDB_PROJECT_NAME / WANDB_ENTITY are passed on too)
   --seeds "1 2 3"      seeds (env SEEDS)
   --resume-existing    skip runs whose newest run dir has a finished checkpoint, continue (--resume) runs with a
@@ -862,8 +863,8 @@ sweep_slurm() {
   local out rc=0
   out="$("${cmd[@]}" 2>&1)" || rc=$?
   if ((rc != 0)); then
-    echo "error: sbatch failed (rc=$rc): $(echo "$out" | tr '\n' ' ')" >&2
-    echo "[sweep] the script is $script; fix the option sbatch names and run the sweep again" >&2
+    echo "error: sbatch failed (rc=$rc): $(echo "$out" | tr '\n' ' ')- fix that option and run the sweep again" \
+      "(the script is $script)" >&2
     exit 1
   fi
   local job="${out##*$'\n'}"

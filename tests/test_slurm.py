@@ -77,10 +77,14 @@ def repo(tmp_path_factory):
     return dest
 
 
+def sweep(repo, env, script, *args):
+    cmd = ["bash", str(repo / "benchmark" / script), "--slurm", *map(str, args)]
+    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+
+
 def submit(repo, env, script, *args):
     """Run a sweep script with --slurm; return the job id it submitted."""
-    cmd = ["bash", str(repo / "benchmark" / script), "--slurm", *map(str, args)]
-    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    res = sweep(repo, env, script, *args)
     assert res.returncode == 0, res.stdout + res.stderr
     m = re.search(r"submitted job array (\d+) ", res.stdout)
     assert m, res.stdout
@@ -154,6 +158,9 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
         assert re.search(r"slurm job \d+_\d \(job \d+\) on .*: 1 CPUs \(OMP_NUM_THREADS=1 MKL_NUM_THREADS=1\)", text)
         assert "exit code 0" in text and "--session" not in text
     assert (repo / "logs" / "atari" / "ppo_atari.sbatch").exists()
+    # what sbatch refuses comes back as one error line naming sbatch's reason
+    res = sweep(repo, cluster, "dqn_snake.sh", "--seeds", "1", "--partition", "nosuch", "--log-dir", "logs/bad")
+    assert res.returncode == 1 and res.stderr.startswith("error: sbatch failed") and "nosuch" in res.stderr, res.stderr
     assert f" {atari} sbatch --parsable " in (repo / "logs" / "atari" / "submissions.txt").read_text()
 
     res = subprocess.run([sys.executable, str(repo / "benchmark" / "report.py"), "runs", "--out", "report"], cwd=repo,
