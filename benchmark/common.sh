@@ -28,7 +28,7 @@
 #   JOBS_PER_GPU   runs sharing one GPU at the same time (default 1)
 #   JOBS           runs at the same time on a machine without GPUs (default 1)
 #   CPUS_PER_RUN   CPUs (and OMP/MKL threads) per run (default: the sweep's CPUs / runs at once)
-#   CPUS           CPU list the sweep may use, e.g. 0-7 or 0,2,4 (default: its own affinity)
+#   SWEEP_CPUS     CPU list the sweep may use, e.g. 0-7 or 0,2,4 (default: its own affinity)
 #   SEEDS          seeds to run (default "1 2 3")
 #   PYTHON         interpreter (default: .venv/bin/python in the repo if present, else python)
 #   LOG_DIR        where per-run logs and the summary go (default runs/sweep_logs/<sweep>_<date>)
@@ -62,7 +62,7 @@ SEEDS="${SEEDS:-1 2 3}"
 JOBS_PER_GPU="${JOBS_PER_GPU:-1}"
 JOBS="${JOBS:-1}"
 CPUS_PER_RUN="${CPUS_PER_RUN:-}"
-CPUS="${CPUS:-}"
+SWEEP_CPUS="${SWEEP_CPUS:-}"
 
 sweep_die() {
   echo "error: $*" >&2
@@ -87,7 +87,7 @@ Common options:
 Local runs:
   --jobs-per-gpu N     runs sharing one GPU at once (env JOBS_PER_GPU, default 1)
   --jobs N             runs at once on a machine without GPUs (env JOBS, default 1)
-  --cpus LIST          CPUs the sweep may use, e.g. 0-15 (env CPUS; default: all this process may use)
+  --cpus LIST          CPUs the sweep may use, e.g. 0-15 (env SWEEP_CPUS; default: all it may use)
 SLURM (--slurm: submit the sweep as one job array, one task per run; needs sbatch):
   --slurm              write one sbatch script for the sweep and submit it (with --dry-run: print it)
   --partition P        sbatch --partition
@@ -136,7 +136,7 @@ sweep_parse_common() {
         --jobs) JOBS="$2" ;;
         --log-dir) LOG_DIR="$2" ;;
         --cpus-per-run) CPUS_PER_RUN="$2" ;;
-        --cpus) CPUS="$2" ;;
+        --cpus) SWEEP_CPUS="$2" ;;
         --partition) SWEEP_PARTITION="$2" ;;
         --time) SWEEP_TIME="$2" ;;
         --gpus-per-run) SWEEP_GPUS_PER_RUN="$2" ;;
@@ -500,19 +500,21 @@ sweep_run() {
     slots=$JOBS
   fi
   concurrency=$((lanes * slots))
-  local allowed
+  local allowed allowed_first
   allowed="$(sweep_allowed_cpus)"
-  if [[ -n "$CPUS" ]]; then
+  allowed_first="${allowed%% *}"
+  if [[ -n "$SWEEP_CPUS" ]]; then
     local chosen
-    chosen="$(sweep_expand_cpus "$CPUS")" || sweep_die "--cpus (CPUS) '$CPUS' is not a CPU list such as 0-7 or 0,2,4"
+    chosen="$(sweep_expand_cpus "$SWEEP_CPUS")" ||
+      sweep_die "--cpus (SWEEP_CPUS) '$SWEEP_CPUS' is not a CPU list such as 0-7 or 0,2,4"
     local c bad=()
     for c in $chosen; do [[ " $allowed " == *" $c "* ]] || bad+=("$c"); done
     if ((${#bad[@]})); then
       if ((SWEEP_DRY_RUN)); then
-        sweep_note "--cpus $CPUS includes CPUs this process may not use ($(sweep_cpu_ranges "${bad[@]}")); a real run stops"
+        sweep_note "--cpus $SWEEP_CPUS includes CPUs this process may not use ($(sweep_cpu_ranges "${bad[@]}")); a real run stops"
       else
         # shellcheck disable=SC2086  # a list of integers
-        sweep_die "--cpus $CPUS includes CPUs this process may not use: $(sweep_cpu_ranges "${bad[@]}")" \
+        sweep_die "--cpus $SWEEP_CPUS includes CPUs this process may not use: $(sweep_cpu_ranges "${bad[@]}")" \
           "(allowed: $(sweep_cpu_ranges $allowed))"
       fi
     fi
@@ -533,7 +535,7 @@ sweep_run() {
   fi
   SWEEP_PIN=0
   local pin_note="pinned with taskset"
-  if command -v taskset >/dev/null 2>&1 && taskset -c "${SWEEP_CPU_LIST[0]}" true >/dev/null 2>&1; then
+  if command -v taskset >/dev/null 2>&1 && taskset -c "${allowed_first}" true >/dev/null 2>&1; then
     SWEEP_PIN=1
   else
     pin_note="not pinned (taskset is missing or does not work here)"

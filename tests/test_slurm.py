@@ -57,7 +57,15 @@ def cluster(tmp_path_factory):
         m = re.search(r"^export SLURM_CONF=(\S+)$", res.stdout, re.M)
         assert m, res.stdout
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-        for key in ("CUDA_OFFSET", "CUDA_VISIBLE_DEVICES", "JOBS", "JOBS_PER_GPU", "CPUS", "CPUS_PER_RUN", "LOG_DIR"):
+        for key in (
+            "CUDA_OFFSET",
+            "CUDA_VISIBLE_DEVICES",
+            "JOBS",
+            "JOBS_PER_GPU",
+            "SWEEP_CPUS",
+            "CPUS_PER_RUN",
+            "LOG_DIR",
+        ):
             env.pop(key, None)
         env.update(SLURM_CONF=m.group(1), PYTHON=sys.executable, NUM_GPUS="0")
         yield env

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmark")
 SESSION_RE = re.compile(r"^\[session (\d+)\] (cpu|cuda:\d+): (.*)$")
 # variables a sweep sets itself; a test must not inherit them from the shell that runs pytest
-SWEEP_ENV = ("CUDA_OFFSET", "CUDA_VISIBLE_DEVICES", "JOBS", "JOBS_PER_GPU", "CPUS", "CPUS_PER_RUN", "SEEDS")
+SWEEP_ENV = ("CUDA_OFFSET", "CUDA_VISIBLE_DEVICES", "JOBS", "JOBS_PER_GPU", "SWEEP_CPUS", "CPUS_PER_RUN", "SEEDS")
 SWEEP_ENV += ("LOG_DIR", "NUM_GPUS", "RESUME_EXISTING", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 LINUX_AFFINITY = hasattr(os, "sched_getaffinity") and os.path.exists("/proc/self/status")
 
@@ -260,7 +260,7 @@ def budgets(res):
 
 def test_dry_run_thread_budget_cpu_machine():
     # 8 CPUs, no GPU, 3 runs at once: 2 CPUs each; slots 0, 1, 2 then slot 0 again (runs ending in start order)
-    env = {"NUM_GPUS": "0", "JOBS": "3", "CPUS": "0-7"}
+    env = {"NUM_GPUS": "0", "JOBS": "3", "SWEEP_CPUS": "0-7"}
     res = sweep("ppo_atari.sh", "--dry-run", "--games", "Pong Breakout", "--seeds", "1 2", env=env)
     b = budgets(res)
     assert len(b) == 4
@@ -277,14 +277,14 @@ def test_dry_run_thread_budget_cpu_machine():
     assert {e["OMP_NUM_THREADS"] for e, _ in b.values()} == {"3"}
     if PIN:
         assert [b[s][1] for s in range(2)] == ["0-2", "3-5"]
-    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1", env={**env, "JOBS": "2", "CPUS": "0,2,4,6"})
+    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1", env={**env, "JOBS": "2", "SWEEP_CPUS": "0,2,4,6"})
     if PIN:
         assert [budgets(res)[s][1] for s in range(2)] == ["0,2", "4,6"]
 
 
 def test_dry_run_thread_budget_gpu_machine():
     # 2 GPUs x 2 runs each on 8 CPUs: the first four runs (two per GPU) get disjoint pairs covering all 8
-    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1 2", env={"JOBS_PER_GPU": "2", "CPUS": "0-7"})
+    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1 2", env={"JOBS_PER_GPU": "2", "SWEEP_CPUS": "0-7"})
     runs = dry_runs(res)
     assert {e["OMP_NUM_THREADS"] for _, _, e, _, _ in runs} == {"2"}
     if PIN:
@@ -298,14 +298,14 @@ def test_dry_run_thread_budget_gpu_machine():
 
 def test_dry_run_thread_budget_oversubscribed():
     # more runs at once than CPUs: one thread each, cores shared round-robin
-    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1 2", env={"NUM_GPUS": "0", "JOBS": "4", "CPUS": "0-1"})
+    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1 2", "--cpus", "0-1", env={"NUM_GPUS": "0", "JOBS": "4"})
     runs = dry_runs(res)
     assert {e["OMP_NUM_THREADS"] for _, _, e, _, _ in runs} == {"1"}
     assert "runs share cores" in res.stdout
     if PIN:
         assert [cpus for _, _, _, cpus, _ in runs[:4]] == ["0", "1", "0", "1"]
     # asking for more CPUs per run than the sweep has: each run gets them all, with a note
-    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1", "--cpus-per-run", "16", env={"CPUS": "0-7"})
+    res = sweep("dqn_snake.sh", "--dry-run", "--seeds", "1", "--cpus-per-run", "16", env={"SWEEP_CPUS": "0-7"})
     assert "--cpus-per-run 16 but the sweep has 8 CPUs" in res.stderr
     assert {e["OMP_NUM_THREADS"] for _, _, e, _, _ in dry_runs(res)} == {"8"}
 
@@ -315,13 +315,13 @@ def test_thread_budget_bad_input(tmp_path):
         (["--cpus-per-run", "0"], {}, "--cpus-per-run (CPUS_PER_RUN) must be a positive integer"),
         (["--cpus-per-run", "two"], {}, "must be a positive integer, got 'two'"),
         (["--cpus", "0-x"], {}, "is not a CPU list"),
-        ([], {"CPUS": "3-1"}, "is not a CPU list"),
+        ([], {"SWEEP_CPUS": "3-1"}, "is not a CPU list"),
         (["--cpus-per-run"], {}, "--cpus-per-run needs a value"),
     ]:
         res = sweep("dqn_snake.sh", "--dry-run", *args, env=env, check=False)
         assert res.returncode == 2 and res.stderr.startswith("error: ") and text in res.stderr, res.stderr
     # a real sweep refuses CPUs it may not use (a dry run only notes it)
-    env = {"CPUS": "0-4095", "LOG_DIR": str(tmp_path / "logs"), "NUM_GPUS": "0"}
+    env = {"SWEEP_CPUS": "0-4095", "LOG_DIR": str(tmp_path / "logs"), "NUM_GPUS": "0"}
     res = sweep("dqn_snake.sh", "--seeds", "1", "--sizes", "6", "--num-envs", "8", env=env, check=False)
     assert res.returncode == 2 and "includes CPUs this process may not use" in res.stderr
     assert not (tmp_path / "logs").exists()
