@@ -564,24 +564,20 @@ sweep_run() {
     fi
     SWEEP_DEVICES[i]="$dev"
     SWEEP_FULL[i]="$py_q ${SWEEP_CMDS[$i]} --session $i$tail_args"
-    dry_slot[i]=$((lane * slots + lane_count[lane] % slots)) # the slot if runs end in the order they start
-    lane_count[lane]=$((lane_count[lane] + 1))
   done
 
-  local skipped=()
   if ((SWEEP_RESUME)); then
     _sweep_decide_resume "$python"
     for ((i = 0; i < n; i++)); do
-      case "${SWEEP_ACTION[$i]}" in
-        resume) SWEEP_FULL[i]+="$(printf ' --resume %q' "${SWEEP_CKPT[$i]}")" ;;
-        skip) skipped+=("$i") ;;
-      esac
+      [[ "${SWEEP_ACTION[$i]}" == resume ]] && SWEEP_FULL[i]+="$(printf ' --resume %q' "${SWEEP_CKPT[$i]}")"
     done
   fi
   for ((i = 0; i < n; i++)); do
     [[ "${SWEEP_ACTION[$i]:-fresh}" == skip || "${SWEEP_ACTION[$i]:-fresh}" == error ]] && continue
     if ((n_gpus > 0)); then lane=$(((offset + i) % n_gpus)); else lane=0; fi
     lane_runs[lane]+=" $i"
+    dry_slot[i]=$((lane * slots + lane_count[lane] % slots)) # the slot if runs end in the order they start
+    lane_count[lane]=$((lane_count[lane] + 1))
   done
 
   echo "[sweep] $name: $n runs, gpus=$n_gpus cuda_offset=$offset" \
@@ -837,6 +833,9 @@ sweep_slurm() {
   fi
   if [[ -n "${CUDA_OFFSET:-}" ]]; then
     sweep_note "CUDA_OFFSET is ignored under --slurm: each task uses the GPUs SLURM gives it"
+  fi
+  if [[ -z "$SWEEP_GPUS_PER_RUN" ]] && ! [[ " ${SWEEP_SBATCH_ARGS[*]-} " =~ \ --(gres|gpus) ]]; then
+    sweep_note "no --gpus-per-run: the runs get a GPU only where the partition gives one by default"
   fi
   SWEEP_TAIL=()
   if ((SWEEP_TRACK)); then
