@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the local test cluster runs slurmd as root; run the tests as root"),
 ]
 # a tiny run of each script: a few hundred steps on the CPU
-ATARI_TINY = ["--num-envs", "2", "--num-steps", "16", "--minibatch-size", "16", "--total-timesteps", "32"]
+ATARI_TINY = ["--num-envs", "2", "--num-steps", "16", "--minibatch-size", "16", "--total-timesteps", "128"]
 SNAKE_TINY = ["--total-timesteps", "256", "--learning-starts", "64", "--batch-size", "32", "--buffer-size", "2048"]
 # env steps only (learning would start after the end): seconds, far longer than a SIGTERM takes to arrive
 SNAKE_LONGER = ["--total-timesteps", "16000", "--learning-starts", "100000000", "--buffer-size", "20000"]
@@ -154,8 +154,8 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
     assert wait_job(cluster, snake, 300) == {0: ("COMPLETED", "0:0")}
 
     for run_id, steps, log in [
-        ("ALE_Pong-v5__ppo_atari__1", 32, "atari/000_ALE_Pong-v5_seed=1_lambda=0.85.log"),
-        ("ALE_Breakout-v5__ppo_atari__1", 32, "atari/001_ALE_Breakout-v5_seed=1_lambda=0.70.log"),
+        ("ALE_Pong-v5__ppo_atari__1", 128, "atari/000_ALE_Pong-v5_seed=1_lambda=0.85.log"),
+        ("ALE_Breakout-v5__ppo_atari__1", 128, "atari/001_ALE_Breakout-v5_seed=1_lambda=0.70.log"),
         ("Snake6x6__dqn_snake_vec_n8__1", 256, "snake/000_Snake6x6_n=8_seed=1.log"),
     ]:
         (run_dir,) = run_dirs(repo, run_id)
@@ -175,7 +175,7 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr
     table = (repo / "report" / "report.md").read_text()
-    for exp, env, steps in [("ppo_atari", "ALE_Pong-v5", "32"), ("ppo_atari", "ALE_Breakout-v5", "32"),
+    for exp, env, steps in [("ppo_atari", "ALE_Pong-v5", "128"), ("ppo_atari", "ALE_Breakout-v5", "128"),
                             ("dqn_snake_vec_n8", "Snake6x6", "256")]:  # fmt: skip
         rows = [line for line in table.splitlines() if f"| {exp} | {env} |" in line]
         assert len(rows) == 1, table
@@ -229,8 +229,8 @@ def test_multinode_template_runs_ddp(cluster, repo):
     template = repo / "benchmark" / "slurm" / "ppo_atari_multinode.sbatch"
     env = {**cluster, "NPROC_PER_NODE": "2", "RDZV_PORT": str(free_port())}
     cmd = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=2", "--time=10",
-           "--output=ddp_%j.out", str(template), "--env-id", "ALE/Pong-v5", *ATARI_TINY,
-           "--total-timesteps", "128", "--seed", "7", "--no-progress-bar"]  # fmt: skip
+           "--output=ddp_%j.out", str(template), "--env-id", "ALE/Pong-v5", *ATARI_TINY, "--seed", "7",
+           "--no-progress-bar"]  # fmt: skip
     res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().split(";")[0]
