@@ -168,7 +168,9 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
     assert (repo / "logs" / "atari" / "ppo_atari.sbatch").exists()
     # what sbatch refuses comes back as one error line naming sbatch's reason
     res = sweep(repo, cluster, "dqn_snake.sh", "--seeds", "1", "--partition", "nosuch", "--log-dir", "logs/bad")
-    assert res.returncode == 1 and res.stderr.startswith("error: sbatch failed") and "nosuch" in res.stderr, res.stderr
+    last = res.stderr.splitlines()[-1]  # after the note that these runs ask for no GPU
+    assert res.returncode == 1 and last.startswith("error: sbatch failed") and "nosuch" in last, res.stderr
+    assert "fix that option and run the sweep again" in last
     assert f" {atari} sbatch --parsable " in (repo / "logs" / "atari" / "submissions.txt").read_text()
 
     res = subprocess.run([sys.executable, str(repo / "benchmark" / "report.py"), "runs", "--out", "report"], cwd=repo,
