@@ -864,7 +864,7 @@ sweep_slurm() {
   local out rc=0
   out="$("${cmd[@]}" 2>&1)" || rc=$?
   if ((rc != 0)); then
-    echo "error: sbatch failed (rc=$rc): ${out//$'\n'/; }; fix that option and run the sweep again" \
+    echo "error: sbatch failed (rc=$rc): ${out//$'\n'/; }; fix what sbatch names and run the sweep again" \
       "(the script is $script)" >&2
     exit 1
   fi

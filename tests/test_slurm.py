@@ -170,7 +170,7 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
     res = sweep(repo, cluster, "dqn_snake.sh", "--seeds", "1", "--partition", "nosuch", "--log-dir", "logs/bad")
     last = res.stderr.splitlines()[-1]  # after the note that these runs ask for no GPU
     assert res.returncode == 1 and last.startswith("error: sbatch failed") and "nosuch" in last, res.stderr
-    assert "fix that option and run the sweep again" in last
+    assert "fix what sbatch names and run the sweep again" in last
     assert f" {atari} sbatch --parsable " in (repo / "logs" / "atari" / "submissions.txt").read_text()
 
     res = subprocess.run([sys.executable, str(repo / "benchmark" / "report.py"), "runs", "--out", "report"], cwd=repo,
