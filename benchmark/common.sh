@@ -754,7 +754,7 @@ unset CUDA_OFFSET # SLURM gives the task its GPUs (CUDA_VISIBLE_DEVICES): the ru
 # Thread budget: the CPUs SLURM gave this task (--cpus-per-task), else those of the job on this node.
 cpus="${SLURM_CPUS_PER_TASK:-${SLURM_JOB_CPUS_PER_NODE:-}}"
 cpus="${cpus%%[!0-9]*}"
-[[ -n "$cpus" && "$cpus" -gt 0 ]] || cpus="$(nproc)"
+[[ -n "$cpus" && "$cpus" -gt 0 ]] || cpus="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 export OMP_NUM_THREADS="$cpus" MKL_NUM_THREADS="$cpus"
 echo "# $(stamp) slurm job ${SLURM_ARRAY_JOB_ID:-?}_$i (job ${SLURM_JOB_ID:-?}) on $(hostname):" \
   "$cpus CPUs (OMP_NUM_THREADS=$cpus MKL_NUM_THREADS=$cpus), CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}"

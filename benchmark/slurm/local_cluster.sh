@@ -11,7 +11,7 @@
 #
 # The cluster lives in one directory (argument DIR or env LOCAL_SLURM_DIR, default ${TMPDIR:-/tmp}/gpu-rl-slurm):
 # slurm.conf, a private munge key and socket, controller state, spool, pid files and daemon logs. It has one node,
-# `localhost`, with this machine's CPUs (`nproc`) and no GPUs; no accounting database. Its own munged, slurmctld and
+# `localhost`, with the CPUs this process may use and no GPUs; no accounting database. Its own munged, slurmctld and
 # slurmd listen on a free port pair from 16817/16818 up (env LOCAL_SLURM_PORT picks the controller port), so it
 # never touches a real cluster's /etc/slurm or munge. It needs root (slurmd starts jobs as their user) and, to
 # install the Debian packages slurmctld, slurmd, slurm-client and munge, apt-get.
@@ -123,9 +123,12 @@ install_packages() {
   ((rc == 0)) || die "apt-get install ${PACKAGES[*]} failed (rc=$rc); see $log"
 }
 
+# The CPUs this process may use (nproc without the OpenMP variables, which it would honour).
+cpu_count() { env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc; }
+
 write_conf() {
   local ctl_port="$1" cpus mem_mb
-  cpus="$(nproc)"
+  cpus="$(cpu_count)"
   mem_mb=$(($(awk '/^MemTotal:/ { print $2 }' /proc/meminfo) * 9 / 10 / 1024)) # 90% of the memory, in MiB
   cat >"$CONF" <<EOF
 # written by benchmark/slurm/local_cluster.sh: a one-node test cluster, state and logs in $DIR
@@ -249,7 +252,7 @@ start() {
     stop_all quiet
     die "the node did not become idle in 60 s (state '${state:-none}'); daemon logs above"
   fi
-  say "cluster up from $DIR: node localhost ($(nproc) CPUs) idle, slurmctld port $port"
+  say "cluster up from $DIR: node localhost ($(cpu_count) CPUs) idle, slurmctld port $port"
   echo "export SLURM_CONF=$CONF"
 }
 
