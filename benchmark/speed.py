@@ -214,8 +214,14 @@ class Run:
 
 
 def run_together(runs: list[Run]) -> list[Result]:
-    while not all([r.poll() for r in runs]):  # a list, so every run is polled each round
-        time.sleep(0.05)
+    try:
+        while not all([r.poll() for r in runs]):  # a list, so every run is polled each round
+            time.sleep(0.05)
+    except BaseException:  # Ctrl-C reaches only this tool: the runs have process groups of their own
+        for r in runs:
+            if r.status is None:
+                r._signal(signal.SIGTERM)
+        raise
     return [r.result() for r in runs]
 
 
@@ -261,7 +267,8 @@ def snake_ceiling(num_envs: int, device: str, seconds: float, mode: str = "dense
     """VecSnake 10x10 env steps/s with random actions: the median of 16-step windows (CUDA synchronised)."""
     import torch
 
-    sys.path.insert(0, ROOT)
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
     from dqn_snake_vec import VecSnake
 
     env = VecSnake(num_envs, 10, 10, device=device, seed=0, mode=mode)
@@ -347,9 +354,10 @@ def fmt(x: float | None, digits: int = 0) -> str:
     return DASH if x is None else f"{x:,.{digits}f}"
 
 
-def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: str, rows: list[list[str]]) -> list[str]:
+    """A markdown table; header: the column names joined by " | "."""
     cell = lambda c: str(c).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+    return [f"| {header} |", "|" + "---|" * len(header.split(" | "))] + [
         "| " + " | ".join(cell(c) for c in row) + " |" for row in rows
     ]
 
@@ -362,16 +370,7 @@ def results_table(results: list[Result]) -> list[str]:
         rate = f"{fmt(r.sps)} {r.unit}" if r.ok else DASH
         how = f"`{r.how}`" if r.how.startswith(("python", "OMP")) else r.how
         rows.append([r.label, how, fmt(r.steps) if r.steps else DASH, fmt(r.wall), rate, util, mem, r.status])
-    header = [
-        "what",
-        "command / setting",
-        "steps",
-        "wall s",
-        "rate",
-        "GPU util mean / peak",
-        "peak / est. MiB",
-        "status",
-    ]
+    header = "what | command / setting | steps | wall s | rate | GPU util mean / peak | peak / est. MiB | status"
     return md_table(header, rows)
 
 
@@ -526,12 +525,8 @@ def cmd_run(a, passthrough: list[str]) -> int:
     rel = os.path.relpath(os.path.abspath(script), ROOT)
     setting, info = Setting("run", rel, rel, passthrough, a.steps, 1, min_iters=1), machine_info()
     res = run_setting(setting, 1.0, a.timeout)
-    emit(
-        document("Speed of one run", info, a.note, [*results_table([res]), *failures([res])]),
-        a.out,
-        "run",
-        a.host,
-    )
+    body = [*results_table([res]), *failures([res])]
+    emit(document("Speed of one run", info, a.note, body), a.out, "run", a.host)
     return 0 if res.ok else 1
 
 
@@ -607,26 +602,9 @@ def cmd_compare(a, _passthrough) -> int:
         cpu_ratio = f"{cpu[best_base] / cpu[s.key]:.2f}x" if cpu[s.key] and best_base else DASH
         n_ok = sum(r.ok for r in runs[s.key])
         status = "ok" if n_ok == a.repeats else f"{a.repeats - n_ok} of {a.repeats} failed"
-        rows.append(
-            [
-                s.label,
-                f"`{s.shown(scale)}`",
-                f"{fmt(med[s.key])} ({n_ok})",
-                ratio,
-                fmt(cpu[s.key], 2),
-                cpu_ratio,
-                status,
-            ]
-        )
-    header = [
-        "setting",
-        "command",
-        "SPS, median (runs)",
-        "x best baseline",
-        "CPU s / 1k steps",
-        "less CPU than it",
-        "status",
-    ]
+        sps = f"{fmt(med[s.key])} ({n_ok})"
+        rows.append([s.label, f"`{s.shown(scale)}`", sps, ratio, fmt(cpu[s.key], 2), cpu_ratio, status])
+    header = "setting | command | SPS, median (runs) | x best baseline | CPU s / 1k steps | less CPU than it | status"
     body = [
         f"Medians over {a.repeats} interleaved round(s); SPS from each run's `charts/SPS` (warm-up iteration "
         "excluded); CPU s = user + system seconds of the whole process per 1,000 agent steps.",
@@ -663,23 +641,19 @@ def cmd_table(a, _passthrough) -> int:
     ceilings = [c for c in ceilings if selected(c[0], c[1], a.only)]
     settings = [s for s in settings if selected(s.key, s.label, a.only)]
     if a.dry_run:
-        print(
-            "\n".join(
-                [f"{label}: {a.seconds:g} s" for _, label, _ in ceilings]
-                + [f"{s.label}: {s.shown(a.scale)}" for s in settings]
-            )
-        )
+        lines = [f"{label}: {a.seconds:g} s" for _, label, _ in ceilings]
+        print("\n".join(lines + [f"{s.label}: {s.shown(a.scale)}" for s in settings]))
         return 0
-    info, deadline = machine_info(), time.perf_counter() + a.budget_minutes * 60 if a.budget_minutes else float("inf")
+    info = machine_info()
+    deadline = time.perf_counter() + a.budget_minutes * 60 if a.budget_minutes else float("inf")
     results: dict[str, Result] = {}
     for key, _, measure in ceilings:
         results[key] = measure()
     for s in settings:
         left = deadline - time.perf_counter()
         if left < 60:  # a run started now could not finish its warm-up inside the budget
-            results[s.key] = Result(
-                s.label, s.shown(a.scale), status=f"skipped: past --budget-minutes {a.budget_minutes:g}"
-            )
+            skipped = f"skipped: past --budget-minutes {a.budget_minutes:g}"
+            results[s.key] = Result(s.label, s.shown(a.scale), status=skipped)
             continue
         print(f"[speed] {s.label}: {s.steps(a.scale):,} steps ...", flush=True)
         results[s.key] = res = run_setting(s, a.scale, min(a.timeout, left))
@@ -783,7 +757,7 @@ def cmd_concurrency(a, _passthrough) -> int:
             ]
         )
         print(f"[speed]   total {fmt(total)} SPS" + (f", {ratio:.2f}x one alone" if ratio else ""), flush=True)
-    header = ["script", "copies", "cores per copy", "per-copy SPS", "total SPS", "x one alone", "target", "status"]
+    header = "script | copies | cores per copy | per-copy SPS | total SPS | x one alone | target | status"
     rule = (
         "as shipped: no thread variables, no pinning"
         if a.no_budget
@@ -927,6 +901,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: the runs this tool started were sent SIGTERM", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

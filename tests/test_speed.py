@@ -4,6 +4,7 @@ No test here times anything: the runs are there to show that each mode runs each
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -146,6 +147,10 @@ def test_atari_ceiling_uses_ppo_atari_settings():
     assert speed.atari_ceiling(2, 1, 0.2) > 0
 
 
+NEEDS_TASKSET = pytest.mark.skipif(not shutil.which("taskset"), reason="needs taskset (util-linux) to pin copies")
+
+
+@NEEDS_TASKSET
 def test_concurrency_dry_run_budgets():
     res = cli("concurrency", "--dry-run", "--copies", "2", "4", "--scripts", "ppo_atari")
     assert res.returncode == 0, res.stderr
@@ -161,6 +166,7 @@ def test_concurrency_dry_run_budgets():
     assert res.returncode == 0 and "taskset" not in res.stdout and "OMP_NUM_THREADS" not in res.stdout
 
 
+@NEEDS_TASKSET
 def test_concurrency_tiny(tmp_path):
     res = cli("concurrency", "--scripts", "dqn_snake_vec", "--copies", "2", "--scale", "0.1", "--out", tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
