@@ -428,32 +428,32 @@ def cpu_profile() -> list[Setting]:
 
 
 def gpu_profile(force_cpu: bool) -> list[Setting]:
-    """The one-GPU table, most wanted rows first (past --budget-minutes the last ones are skipped)."""
+    """The one-GPU table, rows behind targets first (past --budget-minutes the last ones are skipped)."""
     gpu = ["--gpu", "false" if force_cpu else "true"]
-    rows = []
+    atari, cont, dqn = [], [], {}
     for flags in ([], ["--compile"], ["--compile", "--cudagraphs"], ["--amp"]):
         name = " ".join(flags) or "eager"
         label = f"ppo_atari.py defaults (16 envs, Breakout), {name}"
-        rows.append(Setting(f"ppo_atari/{name}", label, "ppo_atari.py", [*BREAKOUT, *gpu, *flags], 2048, 25))
-    for preset, batch, iters, extra in [
-        ("beast", 32768, 4, []),
-        ("beast", 32768, 4, ["--subproc"]),
-        (None, 2048, 6, []),
-        ("fast", 4096, 8, []),
-        ("heavy", 8192, 6, []),
+        atari.append(Setting(f"ppo_atari/{name}", label, "ppo_atari.py", [*BREAKOUT, *gpu, *flags], 2048, 25))
+    for flags, batch, iters in [
+        (["--preset", "beast"], 32768, 4),
+        (["--preset", "beast", "--subproc"], 32768, 4),
+        ([], 2048, 6),
+        (["--preset", "fast"], 4096, 8),
+        (["--preset", "heavy"], 8192, 6),
     ]:
-        flags = (["--preset", preset] if preset else []) + extra
         name = " ".join(flags) or "defaults"
         label = f"ppo_continuous.py {name} (HalfCheetah-v5)"
-        rows.append(
+        cont.append(
             Setting(f"ppo_continuous/{name}", label, "ppo_continuous.py", [*CHEETAH, *gpu, *flags], batch, iters)
         )
     for n in (4096, 256, 65536):
-        for flags in ([], ["--compile", "--cudagraphs"]):
-            name = " ".join(flags) or "eager"
-            what = "defaults (256 games)" if n == 256 else f"--num-envs {n}"
-            rows.append(snake(f"dqn_snake_vec/{n}/{name}", f"dqn_snake_vec.py {what}, {name}", n, 8, [*gpu, *flags]))
-    return rows
+        what = "defaults (256 games)" if n == 256 else f"--num-envs {n}"
+        dqn[n] = [
+            snake(f"dqn_snake_vec/{n}/{name}", f"dqn_snake_vec.py {what}, {name}", n, 8, [*gpu, *flags])
+            for name, flags in [("eager", []), ("--compile --cudagraphs", ["--compile", "--cudagraphs"])]
+        ]
+    return atari + cont[:2] + dqn[4096] + cont[2:] + dqn[256] + dqn[65536]
 
 
 def gpu_targets(results: dict[str, Result]) -> list[str]:
@@ -659,7 +659,9 @@ def cmd_table(a, _passthrough) -> int:
         results[s.key] = res = run_setting(s, a.scale, min(a.timeout, left))
         print(f"[speed]   {fmt(res.sps)} SPS, {res.wall:.0f} s" if res.ok else f"[speed]   {res.status}", flush=True)
     note = "; ".join(filter(None, [a.note, "--force-cpu: the GPU rows ran on the CPU" if a.force_cpu and gpu else ""]))
-    within = f", no run started after {a.budget_minutes:g} min" if a.budget_minutes else ""
+    within = (
+        f", the table held to {a.budget_minutes:g} min (no run starts in its last minute)" if a.budget_minutes else ""
+    )
     body = [
         f"Profile `{a.profile}`, step budgets x{a.scale:g}, runs stopped after {a.timeout:.0f} s{within}. Rate: "
         "SPS = agent (env) steps per second with learning on, the median of the run's `charts/SPS` after warm-up; "
