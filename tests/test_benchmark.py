@@ -1,146 +1,19 @@
-"""Tests for benchmark/: report.py on synthetic TensorBoard runs, and the sweep scripts' --dry-run and scheduling."""
+"""Tests for benchmark/'s sweep scripts: --dry-run and scheduling (report.py and speed.py have their own files)."""
 
 import os
 import re
 import shlex
 import subprocess
 import sys
-import time
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmark")
 SESSION_RE = re.compile(r"^\[session (\d+)\] (cpu|cuda:\d+): (.*)$")
-
-
-# ---------------------------------------------------------------- report.py
-
-
-def write_run(root, name, returns=(), return_steps=None, sps=(), sps_steps=None, total=None, t0=1000.0, dt=1.0):
-    """Write one synthetic run; returns at steps return_steps (default 100, 200, ...), wall times t0 + k * dt."""
-    w = SummaryWriter(os.path.join(root, name))
-    if total is not None:
-        w.add_text("hyperparameters", f"|param|value|\n|-|-|\n|total_timesteps|{total}|\n|seed|1|")
-    k = 0
-    return_steps = return_steps or [100 * (i + 1) for i in range(len(returns))]
-    for step, value in zip(return_steps, returns):
-        w.add_scalar("charts/episodic_return", value, step, walltime=t0 + k * dt)
-        k += 1
-    sps_steps = sps_steps or [1000 * (i + 1) for i in range(len(sps))]
-    for step, value in zip(sps_steps, sps):
-        w.add_scalar("charts/SPS", value, step, walltime=t0 + k * dt)
-        k += 1
-    w.close()
-
-
-def run_report(*args):
-    cmd = [sys.executable, os.path.join(BENCH, "report.py"), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-
-
-def table_row(text, *cells):
-    rows = [line for line in text.splitlines() if all(f"| {c} |" in line for c in cells)]
-    assert len(rows) == 1, (cells, text)
-    return [c.strip() for c in rows[0].strip().strip("|").split("|")]
-
-
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("report")
-    runs = tmp / "runs"
-    # Two finished Breakout seeds: 150 episodes each, last-100 means 99.5 and 109.5 -> 104.5 +- 7.1 (ddof=1).
-    write_run(runs, "ALE_Breakout-v5__ppo_atari__1__1700000000", returns=list(range(150)),
-              sps=[100, 200, 900], sps_steps=[5000, 10000, 15000], total=15000, dt=1.0)  # fmt: skip
-    write_run(runs, "ALE_Breakout-v5__ppo_atari__2__1700000001", returns=[i + 10 for i in range(150)],
-              sps=[300, 300, 300], sps_steps=[5000, 10000, 15000], total=15000, dt=1.0)  # fmt: skip
-    # A run in progress: 5,000 of 100,000 steps, events written in the last minute, 30 episodes.
-    now = time.time()
-    write_run(runs, "ALE_Pong-v5__ppo_atari__1__1700000002", returns=[-21.0] * 10 + [-20.0] * 20,
-              sps=[50], sps_steps=[5000], total=100000, t0=now - 60, dt=1.0)  # fmt: skip
-    # A run with no finished episode yet (only SPS logged).
-    write_run(runs, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003", sps=[1234, 1234],
-              sps_steps=[8192, 16384], total=1000000, t0=now - 30)  # fmt: skip
-    # Not a run directory name: skipped.
-    write_run(runs, "scratch", returns=[1.0])
-    refs = tmp / "refs.csv"
-    refs.write_text("env,score,source\nALE/Breakout-v5,274.8,test paper\nHalfCheetah-v5,1500,test target\n")
-    out = tmp / "out"
-    res = run_report(runs, "--out", out, "--refs", refs)
-    assert res.returncode == 0, res.stderr
-    return res, out
-
-
-def test_report_group_numbers(report):
-    res, out = report
-    text = (out / "report.md").read_text()
-    assert text.count("| ppo_atari | ALE_Breakout-v5 |") == 1
-    row = table_row(text, "ppo_atari", "ALE_Breakout-v5")
-    # script, env, seeds, return, steps, wall, SPS, reference, status
-    assert row[2] == "2"
-    assert row[3] == "104.5 ± 7.1"
-    assert row[4] == "15,000"
-    assert row[5] == "2m32s"  # 150 returns + 3 SPS events one second apart: 152 s
-    assert row[6] == "250"  # mean over seeds of the median SPS (200 and 300)
-    assert row[7] == "274.8 (test paper)"
-    assert row[8] == "done"
-    assert res.stdout.startswith("| script")
-
-
-def test_report_in_progress_and_no_episodes(report):
-    _, out = report
-    text = (out / "report.md").read_text()
-    pong = table_row(text, "ppo_atari", "ALE_Pong-v5")
-    assert pong[3] == f"{(-21 * 10 - 20 * 20) / 30:,.1f}"  # fewer than 100 episodes: mean of all 30
-    assert pong[4] == "5,000"
-    assert pong[8] == "running (5%)"
-    assert pong[7] == "-"
-    cheetah = table_row(text, "ppo_continuous_heavy", "HalfCheetah-v5")
-    assert cheetah[3].startswith("- (0/1 runs")
-    assert cheetah[4] == "16,384"
-    assert cheetah[6] == "1,234"
-    assert cheetah[7] == "1500 (test target)"
-    per_run = table_row(text, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003")
-    assert per_run[1] == "0" and per_run[2] == "-"
-    seed2 = table_row(text, "ALE_Breakout-v5__ppo_atari__2__1700000001")
-    assert seed2[2] == "109.5"
-    assert "scratch" in text.split("Skipped")[1]
-
-
-def test_report_curves(report):
-    _, out = report
-    assert (out / "curve_ALE_Breakout-v5.png").stat().st_size > 1000
-    assert (out / "curve_ALE_Pong-v5.png").stat().st_size > 1000
-    assert not (out / "curve_HalfCheetah-v5.png").exists()  # no episodes: no curve, a note instead
-    assert "HalfCheetah-v5: no episodes yet" in (out / "report.md").read_text()
-
-
-def test_report_errors(tmp_path):
-    res = run_report(tmp_path / "nope", "--out", tmp_path / "o")
-    assert res.returncode == 2
-    assert res.stderr.startswith("error: runs directory") and res.stderr.count("\n") == 1
-    (tmp_path / "empty").mkdir()
-    res = run_report(tmp_path / "empty", "--out", tmp_path / "o")
-    assert res.returncode == 2 and res.stderr.startswith("error: no run directories")
-
-
-def test_report_curve_interpolation():
-    sys.path.insert(0, BENCH)
-    try:
-        import report as rep
-    finally:
-        sys.path.remove(BENCH)
-    import numpy as np
-
-    a = rep.Run("a", "a", "E", "x", 1, steps=np.array([0.0, 100.0]), returns=np.array([0.0, 10.0]))
-    b = rep.Run("b", "b", "E", "x", 2, steps=np.array([0.0, 50.0]), returns=np.array([2.0, 2.0]))
-    ys = rep.curve_on_grid([a, b], np.array([0.0, 50.0, 100.0]), smooth=1)
-    assert np.allclose(ys[0], [0, 5, 10])
-    assert np.allclose(ys[1, :2], [2, 2]) and np.isnan(ys[1, 2])  # b has not reached step 100
 
 
 # ---------------------------------------------------------------- sweep scripts
@@ -287,38 +160,3 @@ def test_sweep_runs_jobs_per_gpu_and_failures(tmp_path):
     assert "FAILED" in res.stdout
     failed_log = [p for p in (tmp_path / "logs").iterdir() if p.name.startswith("003_")][0]
     assert "boom" in failed_log.read_text()
-
-
-# ---------------------------------------------------------------- throughput.py
-
-
-def test_throughput_helpers(tmp_path):
-    sys.path.insert(0, BENCH)
-    try:
-        import throughput
-    finally:
-        sys.path.remove(BENCH)
-    write_run(tmp_path, "r", sps=[10, 200, 300, 250], sps_steps=[1, 2, 3, 4])
-    assert throughput.read_sps(str(tmp_path / "r")) == [10, 200, 300, 250]
-    info = throughput.machine_info()
-    assert {"CPU", "GPU", "torch", "date"} <= set(info)
-    assert throughput.atari_ceiling(2, 0.2) > 0
-    res = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "throughput.py"), "--only", "nope"], capture_output=True, text=True
-    )
-    assert res.returncode == 2 and res.stderr.startswith("error: --only")
-
-
-def test_report_done_at_last_whole_iteration(tmp_path):
-    """10,000 steps in iterations of 4 x 1,024: a finished run stops at 8,192 and is 'done', not 'stopped (81%)'."""
-    for seed, last in ((1, 8192), (2, 4096)):
-        w = SummaryWriter(str(tmp_path / "runs" / f"HalfCheetah-v5__ppo_continuous__{seed}__1700000000"))
-        w.add_text("hyperparameters", "|param|value|\n|-|-|\n|total_timesteps|10000|\n|num_envs|4|\n|num_steps|1024|")
-        for step in range(1024, last + 1, 1024):
-            w.add_scalar("charts/episodic_return", 1.0, step, walltime=1000.0 + step)
-        w.close()
-    res = run_report(tmp_path / "runs", "--out", tmp_path / "out")
-    assert res.returncode == 0, res.stderr
-    text = (tmp_path / "out" / "report.md").read_text()
-    assert table_row(text, "HalfCheetah-v5__ppo_continuous__1__1700000000")[-1] == "done"
-    assert table_row(text, "HalfCheetah-v5__ppo_continuous__2__1700000000")[-1] == "stopped (40%)"

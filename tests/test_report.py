@@ -1,0 +1,221 @@
+"""Tests for benchmark/report.py on synthetic TensorBoard runs and checkpoints, and for the reference scores file."""
+
+import csv
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+
+torch.set_num_threads(1)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmark")
+
+
+def write_run(root, name, returns=(), return_steps=None, sps=(), sps_steps=None, total=None, t0=1000.0, dt=1.0):
+    """Write one synthetic run; returns at steps return_steps (default 100, 200, ...), wall times t0 + k * dt."""
+    w = SummaryWriter(os.path.join(root, name))
+    if total is not None:
+        w.add_text("hyperparameters", f"|param|value|\n|-|-|\n|total_timesteps|{total}|\n|seed|1|")
+    k = 0
+    return_steps = return_steps or [100 * (i + 1) for i in range(len(returns))]
+    for step, value in zip(return_steps, returns):
+        w.add_scalar("charts/episodic_return", value, step, walltime=t0 + k * dt)
+        k += 1
+    sps_steps = sps_steps or [1000 * (i + 1) for i in range(len(sps))]
+    for step, value in zip(sps_steps, sps):
+        w.add_scalar("charts/SPS", value, step, walltime=t0 + k * dt)
+        k += 1
+    w.close()
+
+
+def write_checkpoint(run_dir, status, global_step, total):
+    """The checkpoint contract of the scripts: status, global_step, iteration, args (with total_timesteps)."""
+    state = {"status": status, "global_step": global_step, "iteration": global_step // 100}
+    state["args"] = {"total_timesteps": total, "num_envs": 1}
+    torch.save(state, os.path.join(run_dir, "checkpoint.pt"))
+
+
+def run_report(*args):
+    cmd = [sys.executable, os.path.join(BENCH, "report.py"), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def table_row(text, *cells):
+    rows = [line for line in text.splitlines() if all(f"| {c} |" in line for c in cells)]
+    assert len(rows) == 1, (cells, text)
+    return [c.strip() for c in rows[0].strip().strip("|").split("|")]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    runs = tmp / "runs"
+    # Two finished Breakout seeds: 150 episodes each, last-100 means 99.5 and 109.5 -> 104.5 +- 7.1 (ddof=1).
+    write_run(runs, "ALE_Breakout-v5__ppo_atari__1__1700000000", returns=list(range(150)),
+              sps=[100, 200, 900], sps_steps=[5000, 10000, 15000], total=15000, dt=1.0)  # fmt: skip
+    write_run(runs, "ALE_Breakout-v5__ppo_atari__2__1700000001", returns=[i + 10 for i in range(150)],
+              sps=[300, 300, 300], sps_steps=[5000, 10000, 15000], total=15000, dt=1.0)  # fmt: skip
+    # A run in progress: 5,000 of 100,000 steps, events written in the last minute, 30 episodes.
+    now = time.time()
+    write_run(runs, "ALE_Pong-v5__ppo_atari__1__1700000002", returns=[-21.0] * 10 + [-20.0] * 20,
+              sps=[50], sps_steps=[5000], total=100000, t0=now - 60, dt=1.0)  # fmt: skip
+    # A run with no finished episode yet (only SPS logged).
+    write_run(runs, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003", sps=[1234, 1234],
+              sps_steps=[8192, 16384], total=1000000, t0=now - 30)  # fmt: skip
+    # Not a run directory name: skipped.
+    write_run(runs, "scratch", returns=[1.0])
+    refs = tmp / "refs.csv"
+    refs.write_text(
+        "env,score,source,their_env,protocol\n"
+        "ALE/Breakout-v5,274.8,test paper,BreakoutNoFrameskip-v4,v4 protocol\n"
+        "ALE/Breakout-v5,326.5,test lab,,v5 protocol\n"
+        "HalfCheetah-v5,1442.6,test cleanrl,HalfCheetah-v4,\n"
+    )
+    out = tmp / "out"
+    res = run_report(runs, "--out", out, "--refs", refs)
+    assert res.returncode == 0, res.stderr
+    return res, out
+
+
+def test_report_group_numbers(report):
+    res, out = report
+    text = (out / "report.md").read_text()
+    assert text.count("| ppo_atari | ALE_Breakout-v5 |") == 1
+    row = table_row(text, "ppo_atari", "ALE_Breakout-v5")
+    # script, env, seeds, return, steps, wall, SPS, reference, status
+    assert row[2] == "2"
+    assert row[3] == "104.5 ± 7.1"
+    assert row[4] == "15,000"
+    assert row[5] == "2m32s"  # 150 returns + 3 SPS events one second apart: 152 s
+    assert row[6] == "250"  # mean over seeds of the median SPS (200 and 300)
+    assert row[7] == "326.5 (test lab); 274.8 (test paper, BreakoutNoFrameskip-v4)"  # the comparable one first
+    assert row[8] == "done"
+    assert res.stdout.startswith("| script")
+
+
+def test_report_in_progress_and_no_episodes(report):
+    _, out = report
+    text = (out / "report.md").read_text()
+    pong = table_row(text, "ppo_atari", "ALE_Pong-v5")
+    assert pong[3] == f"{(-21 * 10 - 20 * 20) / 30:,.1f}"  # fewer than 100 episodes: mean of all 30
+    assert pong[4] == "5,000"
+    assert pong[8] == "running (5%)"
+    assert pong[7] == "-"
+    cheetah = table_row(text, "ppo_continuous_heavy", "HalfCheetah-v5")
+    assert cheetah[3].startswith("- (0/1 runs")
+    assert cheetah[4] == "16,384"
+    assert cheetah[6] == "1,234"
+    assert cheetah[7] == "1442.6 (test cleanrl, HalfCheetah-v4)"
+    per_run = table_row(text, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003")
+    assert per_run[1] == "0" and per_run[2] == "-"
+    seed2 = table_row(text, "ALE_Breakout-v5__ppo_atari__2__1700000001")
+    assert seed2[2] == "109.5"
+    assert "scratch" in text.split("Skipped")[1]
+
+
+def test_report_references_side_by_side(report):
+    """Each env's references in one section: the env each was measured on (ours or not) and the protocol."""
+    _, out = report
+    refs = (out / "report.md").read_text().split("## References")[1].split("## Learning curves")[0]
+    assert table_row(refs, "ALE_Breakout-v5", "274.8")[2:] == ["test paper", "BreakoutNoFrameskip-v4 (not ours)",
+                                                               "v4 protocol"]  # fmt: skip
+    assert table_row(refs, "ALE_Breakout-v5", "326.5")[2:] == ["test lab", "same as ours", "v5 protocol"]
+    assert table_row(refs, "HalfCheetah-v5", "1442.6")[3:] == ["HalfCheetah-v4 (not ours)", "-"]
+    assert "ALE_Pong-v5" not in refs  # no reference for Pong in this file
+
+
+def test_report_curves(report):
+    _, out = report
+    assert (out / "curve_ALE_Breakout-v5.png").stat().st_size > 1000
+    assert (out / "curve_ALE_Pong-v5.png").stat().st_size > 1000
+    assert not (out / "curve_HalfCheetah-v5.png").exists()  # no episodes: no curve, a note instead
+    assert "HalfCheetah-v5: no episodes yet" in (out / "report.md").read_text()
+
+
+def test_report_errors(tmp_path):
+    res = run_report(tmp_path / "nope", "--out", tmp_path / "o")
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: runs directory") and res.stderr.count("\n") == 1
+    (tmp_path / "empty").mkdir()
+    res = run_report(tmp_path / "empty", "--out", tmp_path / "o")
+    assert res.returncode == 2 and res.stderr.startswith("error: no run directories")
+
+
+def test_report_curve_interpolation():
+    sys.path.insert(0, BENCH)
+    try:
+        import report as rep
+    finally:
+        sys.path.remove(BENCH)
+    import numpy as np
+
+    a = rep.Run("a", "a", "E", "x", 1, steps=np.array([0.0, 100.0]), returns=np.array([0.0, 10.0]))
+    b = rep.Run("b", "b", "E", "x", 2, steps=np.array([0.0, 50.0]), returns=np.array([2.0, 2.0]))
+    ys = rep.curve_on_grid([a, b], np.array([0.0, 50.0, 100.0]), smooth=1)
+    assert np.allclose(ys[0], [0, 5, 10])
+    assert np.allclose(ys[1, :2], [2, 2]) and np.isnan(ys[1, 2])  # b has not reached step 100
+
+
+def test_report_done_at_last_whole_iteration(tmp_path):
+    """10,000 steps in iterations of 4 x 1,024: a finished run stops at 8,192 and is 'done', not 'stale (81%)'."""
+    for seed, last in ((1, 8192), (2, 4096)):
+        w = SummaryWriter(str(tmp_path / "runs" / f"HalfCheetah-v5__ppo_continuous__{seed}__1700000000"))
+        w.add_text("hyperparameters", "|param|value|\n|-|-|\n|total_timesteps|10000|\n|num_envs|4|\n|num_steps|1024|")
+        for step in range(1024, last + 1, 1024):
+            w.add_scalar("charts/episodic_return", 1.0, step, walltime=1000.0 + step)
+        w.close()
+    res = run_report(tmp_path / "runs", "--out", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert table_row(text, "HalfCheetah-v5__ppo_continuous__1__1700000000")[-1] == "done"
+    # no checkpoint and no event for a long time: not "running", and not "stopped" (nothing says a signal did it)
+    assert table_row(text, "HalfCheetah-v5__ppo_continuous__2__1700000000")[-1].startswith("stale at 40%: no event for")
+
+
+def test_report_status_from_checkpoints(tmp_path):
+    """The checkpoint's status wins over the event files: stopped, finished, running (recent or stale)."""
+    runs, now = tmp_path / "runs", time.time()
+    cases = {  # name: (checkpoint status, its global_step, events' last step, events' age in s)
+        "ALE_Pong-v5__ppo_atari__1__1700000000": ("stopped", 4000, 4000, 5),
+        "ALE_Pong-v5__ppo_atari__2__1700000000": ("finished", 9900, 9900, 5),  # finished below the total: still done
+        "ALE_Pong-v5__ppo_atari__3__1700000000": ("running", 2000, 2000, 5),
+        "ALE_Pong-v5__ppo_atari__4__1700000000": ("running", 3000, 3100, 7200),  # crashed: the checkpoint never knew
+        "ALE_Pong-v5__ppo_atari__5__1700000000": ("running", 10000, 10000, 7200),  # crashed after the last iteration
+    }
+    for name, (status, ckpt_step, last_step, age) in cases.items():
+        write_run(runs, name, returns=[1.0], return_steps=[last_step], t0=now - age)
+        write_checkpoint(runs / name, status, ckpt_step, 10000)
+    res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    status = {name: table_row(text, name)[-1] for name in cases}
+    ckpt = os.path.join(str(runs), "ALE_Pong-v5__ppo_atari__1__1700000000", "checkpoint.pt")
+    assert status["ALE_Pong-v5__ppo_atari__1__1700000000"] == f"stopped at 40% (resume with --resume {ckpt})"
+    assert status["ALE_Pong-v5__ppo_atari__2__1700000000"] == "done"
+    assert status["ALE_Pong-v5__ppo_atari__3__1700000000"] == "running (20%)"
+    stale = status["ALE_Pong-v5__ppo_atari__4__1700000000"]
+    assert stale.startswith("stale at 31%: no event for 2h00m (crashed or killed?; resume with --resume ")
+    assert status["ALE_Pong-v5__ppo_atari__5__1700000000"].startswith("stale at 100%")
+    group = table_row(text, "ppo_atari", "ALE_Pong-v5")[-1]  # the group table: short forms
+    assert group == "done, running (20%), stale (100%), stale (31%), stopped (40%)"
+
+
+def test_reference_scores_file():
+    """Published results only, each with its source, the env it was measured on, a protocol and an address."""
+    with open(os.path.join(BENCH, "reference_scores.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["score"] and r["source"] and r["their_env"] and r["protocol"] for r in rows)
+    assert all(r["url"].startswith("https://") for r in rows)
+    assert not [r for r in rows if "target" in r["source"].lower() or "target" in r["protocol"].lower()]
+    for r in rows:
+        float(r["score"])
+    slm = {r["env"]: float(r["score"]) for r in rows if r["source"].startswith("SLM-Lab")}
+    assert slm["ALE/Breakout-v5"] == 326.47 and slm["ALE/Qbert-v5"] == 15460.48 and len(slm) == 8
+    assert all(r["their_env"] == r["env"] for r in rows if r["source"].startswith("SLM-Lab"))  # the same v5 envs
+    v4 = [r for r in rows if "NoFrameskip-v4" in r["their_env"]]
+    assert v4 and all("no sticky actions" in r["protocol"] for r in v4)
