@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
@@ -134,7 +133,7 @@ def test_atari_ceiling_uses_ppo_atari_settings():
         import ppo_atari
     finally:
         sys.path.remove(ROOT)
-    ours = ppo_atari.make_envs(SimpleNamespace(env_backend="ale", env_id="ALE/Breakout-v5", env_threads=1), 2, None)
+    ours = ppo_atari.make_envs(ppo_atari.Args(env_id="ALE/Breakout-v5"), num_envs=2, env_threads=1)
     ceiling = speed.atari_env(2, 1)
     obs_a, _ = ours.reset(seed=3)
     obs_b, _ = ceiling.reset(seed=3)
