@@ -1,6 +1,7 @@
-# DQN on N Snake games that live as tensors on one device (GPU when present) and step together.
-# Double DQN, target network (hard or Polyak), Huber loss, linear epsilon, optional n-step returns.
+# Double DQN on N Snake games that live as tensors on one device (a GPU when there is one) and step together.
+# Usage: python dqn_snake_vec.py                    python dqn_snake_vec.py --num-envs 4096 --gpu true
 import os
+import random
 import signal
 import sys
 import time
@@ -11,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 import gpu_utils
 
@@ -18,33 +21,51 @@ import gpu_utils
 @dataclass
 class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
+    """the name of this experiment (runs/Snake<H>x<W>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
     gpu: str = "auto"
-    """auto (a GPU when present), true (a GPU or an error), false (CPU), N or cuda:N (exactly that GPU)"""
+    """auto (a GPU when there is one), true (a GPU or an error), false (CPU), or a GPU index N / cuda:N"""
     cuda_offset: int | None = None
-    """first GPU index for --gpu auto/true rotation (default: the CUDA_OFFSET environment variable, else 0)"""
+    """first GPU of the rotation (None: the CUDA_OFFSET environment variable, else 0)"""
     session: int = 0
-    """run number; with --gpu auto/true the GPU is (cuda_offset + session) % device count"""
+    """run number of a sweep; with --gpu auto/true, runs rotate over the GPUs as (cuda_offset + session) % num_gpus"""
     tf32: bool = True
-    """allow TF32 matmuls and convolutions on GPUs that have them"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "gpu-rl"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """record episodes of game 0 to `videos/<run_name>` (every --video-every iterations)"""
-    video_every: int = 5000
-    """record game 0's next episode every this many iterations (with --capture-video; host syncs while armed)"""
+    """allow TF32 matmuls and convolutions on GPUs that support them"""
     num_threads: int = 0
-    """torch CPU threads (0: leave torch's default)"""
+    """CPU threads (0: the CPUs this run may use, capped by SLURM_CPUS_PER_TASK and OMP_NUM_THREADS)"""
+    track: bool = False
+    """mirror the TensorBoard logs to Weights and Biases"""
+    wandb_project_name: str = "gpu-rl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """record episodes of game 0 to videos/<run_name> (every --video-every iterations)"""
+    progress_bar: bool = True
+    """show a progress bar (off: a log line every --log-every steps)"""
+    checkpoint_every: int = 10_000
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
+    resume: str | None = None
+    """checkpoint.pt of a stopped run to continue (same run dir, settings and total steps; the replay starts empty)"""
+    save_model: bool = False
+    """save the final Q-network to runs/<run_name>/<exp_name>.model"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint or saved model without training and print the mean and std of the episodic return"""
+    eval_episodes: int = 10
+    """episodes for --eval-checkpoint (one per game, played in parallel)"""
+    compile: bool = False
+    """torch.compile the action step and the loss"""
+    cudagraphs: bool = False
+    """CUDA graphs for the compiled action step and loss (torch.compile mode reduce-overhead; implies --compile)"""
+    amp: bool = False
+    """bf16 autocast for the network's trunk (Q-values, targets and the loss stay fp32)"""
+    micro_batch: str = "auto"
+    """rows per backward pass: auto (the whole batch, halved on CUDA out-of-memory) or N"""
 
-    # Snake
+    # Algorithm specific arguments
     num_envs: int = 256
     """the number of Snake games stepped together on the device"""
     height: int = 10
@@ -53,10 +74,8 @@ class Args:
     """board width (cells, at least 3)"""
     env_mode: str = "auto"
     """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU default), auto"""
-
-    # DQN
     total_timesteps: int = 5_000_000
-    """total env steps (summed over all games)"""
+    """total env steps (summed over all games); an iteration is one step of every game"""
     learning_rate: float = 5e-4
     """the learning rate of the Adam optimizer"""
     buffer_size: int = 500_000
@@ -74,7 +93,7 @@ class Args:
     batch_size: int = 256
     """the batch size of samples from the replay memory"""
     updates_per_step: int = 1
-    """gradient updates per vector step (replay ratio = updates_per_step * batch_size / num_envs)"""
+    """gradient updates per iteration (replay ratio = updates_per_step * batch_size / num_envs)"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.02
@@ -84,33 +103,55 @@ class Args:
     learning_starts: int = 20_000
     """env steps (summed over games) collected before learning starts, also after a resume"""
     max_grad_norm: float = 10.0
-    """gradient clipping norm"""
-
-    # speed, saving, logging
-    compile: bool = False
-    """torch.compile the network update and action selection"""
-    cudagraphs: bool = False
-    """capture the update in CUDA graphs (torch.compile mode reduce-overhead); ignored on CPU"""
-    amp: bool = False
-    """bf16 autocast for the network on GPU; ignored on CPU"""
+    """the maximum norm for the gradient clipping"""
     log_every: int = 25_600
     """env steps between scalar logs (whole iterations); charts/SPS: env steps/s with learning on in that window"""
-    checkpoint_every: int = 10_000
-    """iterations (vector steps) between checkpoints (0: only at the end and on SIGINT/SIGTERM)"""
-    resume: str | None = None
-    """checkpoint path to resume from (same run directory, same total)"""
-    save_model: bool = False
-    """save the Q-network to runs/<run_name>/<exp_name>.model at the end"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint or saved model greedily and exit, no training"""
-    eval_episodes: int = 10
-    """episodes for --eval-checkpoint (one game per episode, played in parallel)"""
+    video_every: int = 5000
+    """with --capture-video, record game 0's next episode every this many iterations (host syncs while armed)"""
     eval_epsilon: float = 0.0
-    """epsilon of the evaluation policy"""
-    progress_bar: bool = True
-    """show a tqdm progress bar"""
+    """epsilon of the --eval-checkpoint policy"""
 
 
+# flags that --resume takes from the command line; every other Args field comes from the checkpoint
+RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
+RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
+RUNTIME_FLAGS |= {
+    "eval_episodes",
+    "compile",
+    "cudagraphs",
+    "amp",
+    "micro_batch",
+    "env_mode",
+    "log_every",
+    "video_every",
+}
+RUNTIME_FLAGS |= {"buffer_device", "eval_epsilon"}
+
+
+def validate(args):
+    h, w, n, bs, buf = args.height, args.width, args.num_envs, args.batch_size, args.buffer_size
+    for bad, message in [
+        (h < 3 or w < 3, f"--height and --width must be at least 3, got {h} x {w}"),
+        (n < 1, f"--num-envs must be at least 1, got {n}"),
+        (args.total_timesteps < n, f"--total-timesteps must be at least --num-envs ({n})"),
+        (args.n_step < 1, f"--n-step must be at least 1, got {args.n_step}"),
+        (not 0 < args.gamma <= 1 or not 0 < args.tau <= 1, "--gamma and --tau must be in (0, 1]"),
+        (bs < 1 or buf < max(bs, n), f"--buffer-size ({buf}) must hold at least --batch-size and --num-envs"),
+        (args.updates_per_step < 0, "--updates-per-step must be at least 0"),
+        (args.target_network_frequency < 1, "--target-network-frequency must be at least 1"),
+        (args.buffer_device not in ("auto", "cpu"), f"--buffer-device must be auto or cpu, got {args.buffer_device!r}"),
+        (not 0 < args.exploration_fraction <= 1, "--exploration-fraction must be in (0, 1]"),
+        (args.eval_episodes < 1, "--eval-episodes must be at least 1"),
+        (
+            args.env_mode not in ("auto", "dense", "sparse"),
+            f"--env-mode must be auto, dense or sparse, got {args.env_mode!r}",
+        ),
+    ]:
+        if bad:
+            raise ValueError(message)
+
+
+# ---------------------------------------------------------------- environment
 UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
 
 
@@ -130,13 +171,17 @@ class VecSnake:
             raise ValueError(f"the board must be at least 3 x 3, got {height} x {width}")
         if mode not in ("auto", "dense", "sparse"):
             raise ValueError(f"mode must be auto, dense or sparse, got {mode!r}")
-        self.n, self.h, self.w, self.hw = num_envs, height, width, height * width
+        self.n = num_envs
+        self.h, self.w = height, width
+        self.hw = height * width
         self.device = torch.device(device)
         self.gen = generator if generator is not None else torch.Generator(self.device).manual_seed(seed)
         self.mode = ("dense" if self.device.type == "cuda" else "sparse") if mode == "auto" else mode
         # the smallest integer type that holds the longest snake (int8 on boards up to 125 cells)
         self.dtype = torch.int8 if self.hw < 2**7 - 1 else torch.int16 if self.hw < 2**15 - 1 else torch.int32
-        kw, hw, w = dict(device=self.device), self.hw, self.w
+        kw = dict(device=self.device)
+        hw = self.hw
+        w = self.w
         # NEXT[cell, action]: the cell the head moves to, or hw (the wall cell) off the board
         r, c = torch.arange(hw) // w, torch.arange(hw) % w
         nxt = [torch.where(r > 0, r * w + c - w, hw), torch.where(c < w - 1, r * w + c + 1, hw)]
@@ -156,9 +201,13 @@ class VecSnake:
         self.ages[:, hw] = torch.iinfo(self.dtype).max
         self.board = self.ages[:, :hw]  # view of the real cells
         z = torch.zeros(self.n, dtype=torch.long, **kw)
-        self.head, self.direction, self.food = z.clone(), z.clone(), z.clone()
+        self.head = z.clone()  # flat cell index
+        self.direction = z.clone()
+        self.food = z.clone()
         self.length = torch.zeros(self.n, dtype=self.dtype, **kw)
-        self.since_food, self.score, self.ep_len = z.int(), z.int(), z.int()
+        self.since_food = z.int()
+        self.score = z.int()
+        self.ep_len = z.int()
         self.ep_return = torch.zeros(self.n, **kw)
         # 4 plane-major observation buffers used in turn (final and next, two steps deep): no allocation per step,
         # and only the head and food marks of the buffer's last use need clearing
@@ -175,7 +224,8 @@ class VecSnake:
 
     def observe(self, k=None, food_visible=None):
         """(N, 4, H, W) uint8 planes: head, body (head included), food, ages; a view of a fresh buffer or of ``k``."""
-        head, food = self._row_base + self.head, self._row_base + self.food  # flat cells of each plane
+        head = self._row_base + self.head  # flat cells in the planes
+        food = self._row_base + self.food
         if k is None:
             buf = torch.zeros(4, self.n, self.hw, dtype=torch.uint8, device=self.device)
         else:
@@ -265,9 +315,12 @@ class VecSnake:
         self.board[i] = 0
         for k, (r, c) in enumerate(body):
             self.board[i, r * self.w + c] = len(body) - k
-        self.head[i], self.direction[i] = body[0][0] * self.w + body[0][1], direction
+        self.head[i] = body[0][0] * self.w + body[0][1]
+        self.direction[i] = direction
         self.food[i] = food[0] * self.w + food[1]
-        self.length[i], self.since_food[i], self.score[i], self.ep_len[i], self.ep_return[i] = len(body), 0, 0, 0, 0
+        self.length[i] = len(body)
+        for counter in (self.since_food, self.score, self.ep_len, self.ep_return):
+            counter[i] = 0
 
     def render(self, i=0, obs=None, cell=16):
         """RGB uint8 (H*cell, W*cell, 3) frame of game ``i`` (``obs`` or the current state): head yellow, food red."""
@@ -291,11 +344,13 @@ class VecSnake:
         self.gen.set_state(state["generator"])
 
 
+# ---------------------------------------------------------------- network
 class QNetwork(nn.Module):
     """Small ConvNet: 3x3 conv 32, 3x3 conv 32 stride 2, FC 256, one Q-value per action. Input: uint8 planes."""
 
-    def __init__(self, height, width, num_actions=4, planes=4):
+    def __init__(self, height, width, num_actions=4, planes=4, amp: bool = False):
         super().__init__()
+        self.amp = amp  # bf16 for the trunk only: Q-values (and so targets, argmaxes and the loss) stay fp32
         # head, body and food planes are 0/1; the body-order plane holds ages up to H*W: scale it to [0, 1]
         self.register_buffer("scale", torch.tensor([1.0, 1.0, 1.0, 1.0 / min(height * width, 255)]).view(1, 4, 1, 1))
         flat = 32 * ((height + 1) // 2) * ((width + 1) // 2)
@@ -311,7 +366,12 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x):
-        return self.network(x.float() * self.scale)
+        *trunk, head = self.network
+        x = x.float() * self.scale
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.amp):
+            for layer in trunk:
+                x = layer(x)
+        return head(x.float())
 
 
 def epsilon_greedy(q_values, epsilon):
@@ -320,29 +380,41 @@ def epsilon_greedy(q_values, epsilon):
     return torch.where(explore, torch.randint(0, 4, explore.shape, device=q_values.device), q_values.argmax(1))
 
 
+# ---------------------------------------------------------------- algorithm
 class NStep:
     """Ring of the last n steps of N games; once full, each push emits the n-step transition that started n-1 pushes
     ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the true observation after that step,
     whether it was a termination, and the bootstrap discount gamma^(steps used)."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, device):
-        self.n, self.gamma, self.t = n, gamma, 0
-        kw = dict(device=device)
-        self.obs, self.next_obs = (torch.zeros(n, num_envs, *obs_shape, dtype=torch.uint8, **kw) for _ in range(2))
-        self.actions, self.rewards = torch.zeros(n, num_envs, dtype=torch.long, **kw), torch.zeros(n, num_envs, **kw)
-        self.terminated, self.ended = (torch.zeros(n, num_envs, dtype=torch.bool, **kw) for _ in range(2))
+        self.n = n
+        self.gamma = gamma
+        self.t = 0  # steps pushed so far
+        self.obs = torch.zeros(n, num_envs, *obs_shape, dtype=torch.uint8, device=device)
+        self.next_obs = torch.zeros_like(self.obs)
+        self.actions = torch.zeros(n, num_envs, dtype=torch.long, device=device)
+        self.rewards = torch.zeros(n, num_envs, device=device)
+        self.terminated = torch.zeros(n, num_envs, dtype=torch.bool, device=device)
+        self.ended = torch.zeros_like(self.terminated)
 
     def push(self, obs, actions, rewards, next_obs, terminated, ended):
         """Add one step (next_obs: the true observation after it); returns an n-step batch, or None while filling."""
         j = self.t % self.n
-        self.obs[j], self.next_obs[j], self.actions[j] = obs, next_obs, actions
-        self.rewards[j], self.terminated[j], self.ended[j] = rewards, terminated, ended
+        self.obs[j] = obs
+        self.next_obs[j] = next_obs
+        self.actions[j] = actions
+        self.rewards[j] = rewards
+        self.terminated[j] = terminated
+        self.ended[j] = ended
         self.t += 1
         if self.t < self.n:
             return None
         first = self.t % self.n  # the oldest step in the ring; j is the newest
-        ret, running = torch.zeros_like(rewards), torch.ones_like(ended)  # running: no end seen yet
-        nxt, term, disc = self.next_obs[j], self.terminated[j], torch.full_like(rewards, self.gamma**self.n)
+        ret = torch.zeros_like(rewards)
+        running = torch.ones_like(ended)  # no end seen yet
+        nxt = self.next_obs[j]
+        term = self.terminated[j]
+        disc = torch.full_like(rewards, self.gamma**self.n)
         for k in range(self.n):
             i = (first + k) % self.n
             ret += running * self.gamma**k * self.rewards[i]
@@ -359,12 +431,18 @@ class ReplayBuffer:
     (``device`` cpu) with sampled batches moved to ``target`` by non-blocking copies."""
 
     def __init__(self, capacity, obs_shape, device, target):
-        self.capacity, self.device, self.target, self.ptr, self.size = capacity, device, target, 0, 0
+        self.capacity = capacity
+        self.device = device
+        self.target = target
+        self.ptr = 0  # the next row to write
+        self.size = 0
         self.pin = device.type == "cpu" and target.type == "cuda"
         kw = dict(device=device, pin_memory=self.pin)
-        self.obs, self.next_obs = (torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw) for _ in range(2))
+        self.obs = torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw)
+        self.next_obs = torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw)
         self.actions = torch.zeros(capacity, dtype=torch.long, **kw)
-        self.rewards, self.discounts = torch.zeros(capacity, **kw), torch.zeros(capacity, **kw)
+        self.rewards = torch.zeros(capacity, **kw)
+        self.discounts = torch.zeros(capacity, **kw)
         self.terminated = torch.zeros(capacity, dtype=torch.bool, **kw)
         self.fields = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated, self.discounts)
 
@@ -378,224 +456,242 @@ class ReplayBuffer:
         self.size = min(self.size + n, self.capacity)
 
     def sample(self, batch_size, generator=None):
+        """A uniform batch (with replacement), on the training device."""
         idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=generator)
         out = [store[idx] for store in self.fields]
         return [t.pin_memory().to(self.target, non_blocking=True) for t in out] if self.pin else out
 
 
-def load_checkpoint(path, what="checkpoint"):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} {path} not found; pass the path of a checkpoint.pt or .model file")
+def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminated, discounts):
+    """Double DQN Huber loss over a (micro-)batch: the online network picks the next action, the target network
+    rates it. Returns (loss, stats: the loss and the mean Q-value)."""
+    with torch.no_grad():
+        next_actions = q_network(next_obs).argmax(1, keepdim=True)
+        next_q = target_network(next_obs).gather(1, next_actions).squeeze(1)
+        td_target = rewards + discounts * next_q * (~terminated)
+    q = q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+    loss = F.smooth_l1_loss(q, td_target)
+    return loss, torch.stack([loss.detach(), q.detach().mean()])
+
+
+# ---------------------------------------------------------------- checkpoint and evaluation
+def rng_state(device) -> dict:
+    numpy_state = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state(), cuda=cuda)
+
+
+def set_rng_state(state: dict, device) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_weights(modules: dict, ckpt: dict, path: str) -> None:
+    """Load a checkpoint's states into ``modules`` (key -> module), or exit with one line when they do not fit."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        for key, module in modules.items():
+            module.load_state_dict(ckpt[key])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        print(f"error: {path!r} does not fit the network ({str(exc).strip().splitlines()[0][:120]})", file=sys.stderr)
+        sys.exit(2)
+
+
+def save_checkpoint(path: str, **state) -> None:
+    """Write atomically: an interrupted save keeps the previous checkpoint."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path: str, training: bool = False) -> dict:
+    """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"{what} {path} could not be read ({type(exc).__name__}); not a dqn_snake_vec file?") from None
-    if not isinstance(ckpt, dict) or "q_network" not in ckpt or "args" not in ckpt:
-        raise ValueError(f"{what} {path} is not a dqn_snake_vec checkpoint (no q_network/args)")
+        raise ValueError(
+            f"cannot read checkpoint {path!r} ({type(exc).__name__}); is it a dqn_snake_vec file?"
+        ) from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
+        raise ValueError(f"{path!r} is not a dqn_snake_vec checkpoint (no model/args); use one this script wrote")
+    if training and not {"optimizer", "iteration", "global_step", "rng", "run_name", "env"} <= set(ckpt):
+        raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
     return ckpt
 
 
-def validate(args):
-    h, w, n, bs, buf = args.height, args.width, args.num_envs, args.batch_size, args.buffer_size
-    where, mode = args.buffer_device, args.env_mode
-    for bad, message in [
-        (h < 3 or w < 3, f"--height and --width must be at least 3, got {h} x {w}"),
-        (n < 1, f"--num-envs must be at least 1, got {n}"),
-        (args.total_timesteps < n, f"--total-timesteps must be at least --num-envs ({n})"),
-        (args.n_step < 1, f"--n-step must be at least 1, got {args.n_step}"),
-        (not 0 < args.gamma <= 1 or not 0 < args.tau <= 1, "--gamma and --tau must be in (0, 1]"),
-        (bs < 1 or buf < max(bs, n), f"--buffer-size ({buf}) must hold at least --batch-size and --num-envs"),
-        (args.updates_per_step < 0, "--updates-per-step must be at least 0"),
-        (args.target_network_frequency < 1, "--target-network-frequency must be at least 1"),
-        (where not in ("auto", "cpu"), f"--buffer-device must be auto or cpu, got {where!r}"),
-        (not 0 < args.exploration_fraction <= 1, "--exploration-fraction must be in (0, 1]"),
-        (args.eval_episodes < 1, "--eval-episodes must be at least 1"),
-        (mode not in ("auto", "dense", "sparse"), f"--env-mode must be auto, dense or sparse, got {mode!r}"),
-    ]:
-        if bad:
-            raise ValueError(message)
-
-
-RUNTIME_FLAGS = ("gpu", "cuda_offset", "session", "tf32", "track", "progress_bar", "compile", "cudagraphs", "amp")
-RUNTIME_FLAGS += ("checkpoint_every", "log_every", "resume", "save_model", "num_threads", "capture_video", "env_mode")
-
-
-def resume_args(args, saved):
-    """Take the checkpointed run's settings, except how and where it runs; the board and game count must match."""
-    for key in ("height", "width", "num_envs", "n_step"):
-        if saved.get(key) != getattr(args, key):
-            raise ValueError(f"--resume: checkpoint has {key}={saved.get(key)}, not {getattr(args, key)}")
-    for key, value in saved.items():
-        if key not in RUNTIME_FLAGS and hasattr(args, key):
-            setattr(args, key, value)
-
-
-def evaluate(args, ckpt, device):
-    """Greedy (epsilon --eval-epsilon) play of --eval-episodes games in parallel; one episode each."""
-    h, w = ckpt["args"]["height"], ckpt["args"]["width"]
-    q_network = QNetwork(h, w).to(device)
-    try:
-        q_network.load_state_dict(ckpt["q_network"])
-    except RuntimeError as exc:
-        raise ValueError(f"{args.eval_checkpoint} does not fit the Q-network ({str(exc).splitlines()[0]})") from None
-    n = args.eval_episodes
-    env = VecSnake(n, h, w, device=device, seed=args.seed, mode=args.env_mode)
-    obs, finished = env.reset(), torch.zeros(n, dtype=torch.bool, device=device)
-    stats = torch.zeros(3, n, device=device)  # return, score and final length of each game's first episode
+@torch.no_grad()
+def evaluate(env, act):
+    """Play one game on every board and return each board's first (return, score, final length): averaging games
+    in the order they end would favour short ones."""
+    obs = env.reset()
+    finished = torch.zeros(env.n, dtype=torch.bool, device=env.device)
+    stats = torch.zeros(3, env.n, device=env.device)
     while not bool(finished.all()):
-        with torch.no_grad():
-            obs, _, terminated, truncated, info = env.step(epsilon_greedy(q_network(obs), args.eval_epsilon))
+        obs, _, terminated, truncated, info = env.step(act(obs))
         new = (terminated | truncated) & ~finished
         stats = torch.where(new, torch.stack([info[k].float() for k in ("episode_return", "score", "length")]), stats)
         finished |= new
-    r, scores, lengths = stats.cpu().numpy()
-    print(
-        f"eval Snake{h}x{w}: mean_return={r.mean():.2f} std_return={r.std():.2f} "
-        f"mean_score={scores.mean():.2f} mean_length={lengths.mean():.2f} over {n} episodes"
-    )
+    return stats.cpu().numpy()
 
 
 if __name__ == "__main__":
+    # ---------------- arguments and their checks
     args = tyro.cli(Args)
     try:
+        ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
+        if ckpt:
+            vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_FLAGS and hasattr(args, k)})
+        eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
+        if eval_ckpt:  # the board of the saved network; the rest of the evaluation comes from the command line
+            args.height = eval_ckpt["args"]["height"]
+            args.width = eval_ckpt["args"]["width"]
         validate(args)
-        device = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
-        cuda = device.type == "cuda"
-        ckpt = load_checkpoint(args.resume, "--resume checkpoint") if args.resume else None
-        if ckpt is not None:
-            resume_args(args, ckpt["args"])
-        if args.num_threads > 0:
-            gpu_utils.limit_threads(args.num_threads)
-        if cuda:
-            torch.cuda.set_device(device)
-        gpu_utils.enable_tf32(args.tf32)
-        for flag in ("cudagraphs", "amp"):
-            if getattr(args, flag) and not cuda:
-                print(f"note: --{flag} applies on a GPU only; ignored on {device}")
-        torch.manual_seed(args.seed)
-        np.random.seed(args.seed)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        if args.eval_checkpoint:
-            evaluate(args, load_checkpoint(args.eval_checkpoint, "--eval-checkpoint"), device)
-            sys.exit(0)
+        micro_batch = gpu_utils.parse_micro_batch(args.micro_batch, args.batch_size)
+        device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
+        if args.cudagraphs and device.type != "cuda":
+            raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
+        threads = gpu_utils.thread_budget(args.num_threads)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 
+    # ---------------- device, threads, seeds
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
+    gpu_utils.limit_threads(threads.threads)
     n, h, w = args.num_envs, args.height, args.width
     run_name = ckpt["run_name"] if ckpt else f"Snake{h}x{w}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    from torch.utils.tensorboard import SummaryWriter
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    if eval_ckpt:
+        env = VecSnake(args.eval_episodes, h, w, device=device, seed=args.seed, mode=args.env_mode)
+        q_network = QNetwork(h, w, amp=args.amp).to(device)
+        load_weights({"model": q_network}, eval_ckpt, args.eval_checkpoint)
+        returns, scores, lengths = evaluate(env, lambda obs: epsilon_greedy(q_network(obs), args.eval_epsilon))
+        print(f"eval Snake{h}x{w}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
+              f"episodes (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})")  # fmt: skip
+        sys.exit(0)
+    print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
+    print(f"threads: {threads.threads} torch, the games step on the {device.type.upper()} ({threads.why})")
+    print("config:")
+    for key, value in vars(args).items():
+        if key not in RUNTIME_FLAGS:
+            source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
+            print(f"  {key:<26} {value!s:<12} ({source})")
 
+    # ---------------- logging
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-                   name=run_name, save_code=True, id=(ckpt or {}).get("wandb_id"), resume="allow")  # fmt: skip
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow",
+                   id=ckpt.get("wandb_id") if ckpt else None)  # fmt: skip
     writer = SummaryWriter(f"runs/{run_name}")
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
 
-    # ---------------- env, networks, replay ----------------
+    # ---------------- env and network
     env = VecSnake(n, h, w, device=device, seed=args.seed, mode=args.env_mode)
     obs = env.reset()
-    q_network, target_network = QNetwork(h, w).to(device), QNetwork(h, w).to(device)
+    q_network = QNetwork(h, w, amp=args.amp).to(device)
+    target_network = QNetwork(h, w, amp=args.amp).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    params = list(q_network.parameters())
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate)
+    num_iterations = args.total_timesteps // n
+    start_iteration = 0
+    if ckpt:
+        load_weights(
+            dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env), ckpt, args.resume
+        )
+        obs = env.observe()
+        set_rng_state(ckpt["rng"][0], device)
+        start_iteration = ckpt["iteration"]
+        print(f"resumed {args.resume} at step {ckpt['global_step']} (iteration {start_iteration}/{num_iterations}); "
+              "the replay memory starts empty")  # fmt: skip
+
+    def act(obs, epsilon):
+        with torch.no_grad():
+            return epsilon_greedy(q_network(obs), epsilon)
+
+    loss_fn = td_loss
+    if args.compile or args.cudagraphs:
+        act = torch.compile(act, mode="reduce-overhead" if args.cudagraphs else None)
+        loss_fn = torch.compile(td_loss, mode="reduce-overhead" if args.cudagraphs else None)
+
+    def mb_loss(*data):  # the loss of the rows of one (micro-)batch
+        return loss_fn(q_network, target_network, *data)
+
+    # ---------------- storage: replay memory and the n-step ring on the device (replay: pinned host memory with cpu)
     buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
     rb = ReplayBuffer(args.buffer_size, (4, h, w), buffer_device, device)
     nstep = NStep(args.n_step, args.gamma, n, (4, h, w), device)
-    num_iterations, start_iteration = args.total_timesteps // n, 0
-    stateful = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, env=env)  # checkpointed
-    if ckpt is not None:
-        for key, module in stateful.items():
-            module.load_state_dict(ckpt[key])
-        obs = env.observe()
-        torch.set_rng_state(ckpt["rng"])
-        if cuda and ckpt.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
-        start_iteration = ckpt["iteration"]
-        print(f"resumed {run_name} at step {ckpt['global_step']} (the replay memory starts empty)")
-
     # on the device besides the Q-network and Adam: replay (unless on the host), target net, env and n-step obs
     resident = [*target_network.parameters(), *env._bufs, env.ages, nstep.obs, nstep.next_obs]
     resident += rb.fields if buffer_device == device else ()
-    batch_bytes, rollout_bytes = args.batch_size * (8 * h * w + 17), sum(t.nbytes for t in resident)
-    est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, rollout_bytes, None, obs[:1], 3 * args.batch_size)
+    batch_bytes = args.batch_size * (8 * h * w + 17)
+    resident_bytes = sum(t.nbytes for t in resident)
+    est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], 3 * args.batch_size)
     print(est)
-    writer.add_scalar("memory/estimated_mib", est.total / 2**20, 0)
+    writer.add_scalar("memory/estimated_mib", est.total / 2**20, start_iteration * n)
 
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp and cuda)
-
-    def update(obs, actions, rewards, next_obs, terminated, discounts):
-        with torch.no_grad(), autocast:
-            next_actions = q_network(next_obs).argmax(1, keepdim=True)  # Double DQN: online net picks,
-            next_q = target_network(next_obs).gather(1, next_actions).squeeze(1).float()  # target net rates
-        td_target = rewards + discounts * next_q * (~terminated)
-        with autocast:
-            q = q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1).float()
-        loss = F.smooth_l1_loss(q, td_target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-        optimizer.step()
-        return loss.detach(), q.detach().mean()
-
-    def act(obs, epsilon):
-        with torch.no_grad(), autocast:
-            return epsilon_greedy(q_network(obs), epsilon)
-
-    if args.compile or (args.cudagraphs and cuda):
-        mode = "reduce-overhead" if args.cudagraphs and cuda else None
-        update, act = torch.compile(update, mode=mode), torch.compile(act, mode=mode)
-    target_params, online_params = list(target_network.parameters()), list(q_network.parameters())
-    epsilon_t = torch.zeros((), device=device)
-
-    stop = {"signal": None}
+    stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signal.Signals(signum).name))
+        signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
 
-    def save_checkpoint(iteration, status):
-        path = f"runs/{run_name}/checkpoint.pt"
-        state = {key: module.state_dict() for key, module in stateful.items()}
-        state.update(iteration=iteration, global_step=iteration * n, args=vars(args), run_name=run_name,
-                     rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state(device) if cuda else None,
-                     wandb_id=wandb.run.id if args.track else None, status=status)  # fmt: skip
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        return path
+    def checkpoint(iteration, status):
+        state = dict(
+            model=q_network.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=[rng_state(device)]
+        )
+        state |= dict(iteration=iteration, global_step=iteration * n, run_name=run_name, status=status)
+        state |= dict(target_network=target_network.state_dict(), env=env.state_dict())
+        save_checkpoint(f"runs/{run_name}/checkpoint.pt", wandb_id=wandb.run.id if args.track else None, **state)
 
-    from tqdm import tqdm
-
+    # ---------------- training loop: one iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
     learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
     exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
-    pbar = tqdm(total=num_iterations * n, initial=start_iteration * n, disable=not args.progress_bar, unit="step",
-                unit_scale=True, dynamic_ncols=True)  # fmt: skip
-    # info key -> chart name of the per-episode means logged; ep_stats: finished episodes, then their sums
+    pbar = tqdm(total=num_iterations * n, initial=start_iteration * n, disable=not args.progress_bar, unit_scale=True)
+    # info key -> chart of the per-episode means logged; ep_stats: episodes finished, then their sums
     episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
     episode_charts["length"] = "snake_length"
     ep_stats = torch.zeros(5, device=device)
     train_stats = torch.zeros(3, device=device)  # updates, td loss, q-value
-    video_state, frames = "off", []
+    target_params = list(target_network.parameters())
+    epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
+    video_state = "off"
+    frames = []
+    num_updates = 0
+    windows = []  # (env steps, seconds) of each log window; the first is warm-up
+    train_start = time.time()
+    window_start = time.perf_counter()
+    last_log_iteration = start_iteration
+    iteration = start_iteration
     monitor = gpu_utils.GPUMonitor(device).start()
-    t_log, last_log_iteration, iteration, num_updates = time.perf_counter(), start_iteration, start_iteration, 0
     while iteration < num_iterations:
         epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * iteration * n / exploration_steps)
-        actions = act(obs, epsilon_t.fill_(epsilon))  # a device scalar: no recompiles, no host copy
+        actions = act(obs, epsilon_t.fill_(epsilon))
         next_obs, rewards, terminated, truncated, info = env.step(actions)
         ended = terminated | truncated
         batch = nstep.push(obs, actions, rewards, info["final_obs"], terminated, ended)
         if batch is not None:
             rb.add(*batch)
-        endf = ended.float()
-        ep_stats += torch.stack([endf, *(info[k] * endf for k in episode_charts)]).sum(1)
+        ended_f = ended.float()
+        ep_stats += torch.stack([ended_f, *(info[k] * ended_f for k in episode_charts)]).sum(1)
         if args.capture_video:
             if video_state == "off" and iteration % args.video_every == 0:
                 video_state = "armed"  # record game 0's next episode from its first frame
             if video_state == "on":
                 frames.append(env.render(0, info["final_obs"]))
             if video_state == "armed" and bool(ended[0]):
-                video_state, frames = "on", [env.render(0, next_obs)]
+                video_state = "on"
+                frames = [env.render(0, next_obs)]
             elif video_state == "on" and bool(ended[0]):
                 from moviepy import ImageSequenceClip
 
@@ -604,61 +700,77 @@ if __name__ == "__main__":
                 ImageSequenceClip(frames, fps=10).write_videofile(path, logger=None)
                 if args.track:
                     wandb.log({"videos": wandb.Video(path)}, commit=False)
-                video_state, frames = "off", []
+                video_state = "off"
+                frames = []
         obs = next_obs
         iteration += 1
         if iteration >= learning_starts_iteration and rb.size >= args.batch_size:
             for _ in range(args.updates_per_step):
-                loss, q_mean = update(*rb.sample(args.batch_size))
-                train_stats += torch.stack([torch.ones_like(loss), loss, q_mean])
+                stats, used = gpu_utils.accumulate_gradients(mb_loss, rb.sample(args.batch_size), micro_batch, params)
+                if used != micro_batch:
+                    print(f"micro-batch: CUDA out of memory at {micro_batch} rows, now {used} rows per backward pass")
+                    writer.add_scalar("memory/micro_batch", used, iteration * n)
+                micro_batch = used
+                nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+                optimizer.step()
+                train_stats += torch.cat([stats.new_ones(1), stats])
                 num_updates += 1
                 if num_updates % args.target_network_frequency == 0:
                     with torch.no_grad():
-                        torch._foreach_lerp_(target_params, online_params, args.tau)
+                        torch._foreach_lerp_(target_params, params, args.tau)
 
-        if iteration % log_interval == 0 or iteration == num_iterations or stop["signal"]:
+        # ---------------- logging: one pull of scalars to the host per log window
+        if iteration % log_interval == 0 or iteration == num_iterations or stop:
             global_step = iteration * n
-            (count, *sums), (ups, loss, q_mean) = ep_stats.tolist(), train_stats.tolist()
-            sps = (iteration - last_log_iteration) * n / (time.perf_counter() - t_log)
-            logs = {"charts/SPS": sps, "charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
+            count, *sums = ep_stats.tolist()
+            updates, loss, q_mean = train_stats.tolist()
+            windows.append(((iteration - last_log_iteration) * n, time.perf_counter() - window_start))
+            sps = windows[-1][0] / windows[-1][1]
+            logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
+            if len(windows) > 1:  # the first window after a start or resume is warm-up (compile, caches, no learning)
+                logs["charts/SPS"] = sps
             if count:
-                logs.update({f"charts/{key}": value / count for key, value in zip(episode_charts.values(), sums)})
-            if ups:
-                logs.update({"losses/td_loss": loss / ups, "losses/q_values": q_mean / ups})
+                logs |= {f"charts/{chart}": value / count for chart, value in zip(episode_charts.values(), sums)}
+            if updates:
+                logs |= {"losses/td_loss": loss / updates, "losses/q_values": q_mean / updates}
             for key, value in {**logs, **monitor.collect()}.items():
                 writer.add_scalar(key, value, global_step)
-            postfix = f"SPS={sps:,.0f} eps={epsilon:.2f}"
-            if count:
-                postfix += f" score={logs['charts/score']:.2f} length={logs['charts/snake_length']:.1f}"
+            recent = (
+                f"return {logs['charts/episodic_return']:.2f}, length {logs['charts/snake_length']:.1f}"
+                if count
+                else "-"
+            )
+            pbar.set_postfix_str(f"SPS={sps:,.0f} eps={epsilon:.2f} {recent}", refresh=False)
             pbar.update(global_step - pbar.n)
-            pbar.set_postfix_str(postfix, refresh=False)
             if not args.progress_bar:
-                print(f"step={global_step} {postfix}")
+                print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, {recent}")
             ep_stats.zero_()
             train_stats.zero_()
-            t_log, last_log_iteration = time.perf_counter(), iteration
-        if stop["signal"]:
-            path = save_checkpoint(iteration, "stopped")
-            print(
-                f"stopping on {stop['signal']}: checkpoint at step {iteration * n}; "
-                f"continue with: python {sys.argv[0]} --resume {path}"
-            )
+            window_start = time.perf_counter()
+            last_log_iteration = iteration
+        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop:
+            checkpoint(iteration, "stopped" if stop else "running")
+        if stop:
+            print(f"stopping on {stop[0]}: checkpoint at step {iteration * n}; "
+                  f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt")  # fmt: skip
             break
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            save_checkpoint(iteration, "running")
 
+    # ---------------- end of the run
     pbar.close()
-    if not stop["signal"]:
-        save_checkpoint(iteration, "finished")
+    monitor.close()
+    if not stop:
+        checkpoint(iteration, "finished")
         if args.save_model:
-            path = f"runs/{run_name}/{args.exp_name}.model"
-            torch.save(dict(q_network=q_network.state_dict(), args=vars(args), run_name=run_name), path)
-            print(f"model saved to {path}")
+            torch.save({"model": q_network.state_dict(), "args": vars(args)}, f"runs/{run_name}/{args.exp_name}.model")
+            print(f"model saved to runs/{run_name}/{args.exp_name}.model")
     if cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         writer.add_scalar("memory/peak_allocated_mib", peak, iteration * n)
-        print(f"peak GPU memory allocated: {peak:.1f} MiB (estimate {est.total / 2**20:.1f} MiB)")
-    monitor.close()
+        print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
+    steady = windows[1:] or windows  # the first window is warm-up
+    sps = sum(s for s, _ in steady) / max(sum(t for _, t in steady), 1e-9)
+    print(f"done: step {iteration * n}/{num_iterations * n} in {time.time() - train_start:.1f}s, {sps:,.0f} SPS, "
+          f"run dir runs/{run_name}")  # fmt: skip
     writer.close()
     if args.track:
         wandb.finish()

@@ -1,6 +1,6 @@
 """Small GPU helpers shared by the training scripts.
 
-Device choice (``auto``/``true``/``false``/index) and rotation of runs across GPUs, TF32, thread limits,
+Device choice (``auto``/``true``/``false``/index) and rotation of runs across GPUs, TF32, CPU thread budgets,
 batch-size choice, memory estimates, out-of-memory-safe micro-batching and a sampling GPU monitor.
 Importing this module has no side effects. ``python gpu_utils.py`` prints what this machine offers.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,28 +47,44 @@ def _env_int(name: str, default: int) -> int:
         raise DeviceError(f"environment variable {name}={value!r} must be an integer") from None
 
 
-def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None = None) -> torch.device:
-    """Turn the text a user typed for ``--gpu`` into a ``torch.device``.
+def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None = None) -> tuple[torch.device, str]:
+    """Turn the text a user typed for ``--gpu`` into a ``torch.device`` and the reason for it (one line).
 
     ``auto``: a GPU when there is one, else the CPU. ``true``: a GPU or a ``DeviceError``. ``false``: the CPU.
     ``N`` or ``cuda:N``: exactly GPU N, or a ``DeviceError`` naming how many GPUs exist. With ``auto``/``true``
-    the index is ``rotate(session, cuda_offset, count)``; ``cuda_offset`` defaults to the ``CUDA_OFFSET``
-    environment variable (0 when unset) and, under torchrun, ``LOCAL_RANK`` is added to ``session``.
+    the index is ``rotate(session + LOCAL_RANK, cuda_offset, count)``; ``cuda_offset`` defaults to the
+    ``CUDA_OFFSET`` environment variable (0 when unset). Inside a SLURM job that was given GPUs, the job's
+    ``CUDA_VISIBLE_DEVICES`` are its own: session and offset are ignored and process ``LOCAL_RANK`` takes visible
+    GPU ``LOCAL_RANK``. Under torchrun, more processes per node than GPUs (or one fixed GPU for several processes)
+    would put two processes on one GPU, which NCCL refuses: that is a ``DeviceError`` here, before any process
+    group starts.
     """
     if isinstance(gpu, bool):  # never let False become device 0
         gpu = "true" if gpu else "false"
     text = str(gpu).strip().lower()
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1)
     if text in ("false", "cpu", "no"):
-        return torch.device("cpu")
+        return torch.device("cpu"), f"--gpu {gpu}"
     if text in ("auto", "true", "cuda", "gpu", "yes"):
         if count == 0:
             if text == "auto":
-                return torch.device("cpu")
+                return torch.device("cpu"), "--gpu auto, no GPU here"
             raise DeviceError("--gpu true asks for a GPU but CUDA is not available here; use --gpu auto or --gpu false")
+        if local_world > count:
+            raise DeviceError(
+                f"torchrun starts {local_world} processes on this node but it has {count} GPU(s): two would share one "
+                f"GPU, which NCCL refuses; use --nproc-per-node {count} or --gpu false"
+            )
+        if os.environ.get("SLURM_JOB_ID") and os.environ.get("CUDA_VISIBLE_DEVICES"):
+            index = local_rank % count
+            why = f"SLURM job {os.environ['SLURM_JOB_ID']} owns GPUs {os.environ['CUDA_VISIBLE_DEVICES']}"
+            return torch.device("cuda", index), f"--gpu {text}, {why}: visible GPU {index} of {count}"
         offset = _env_int("CUDA_OFFSET", 0) if cuda_offset is None else cuda_offset
-        index = rotate(session + _env_int("LOCAL_RANK", 0), offset, count)
-        return torch.device("cuda", index)
+        index = rotate(session + local_rank, offset, count)
+        rank = f" + local rank {local_rank}" if local_world > 1 else ""
+        return torch.device("cuda", index), f"--gpu {text}, session {session}{rank} + offset {offset} of {count} GPUs"
     index_text = text.removeprefix("cuda:")
     if not index_text.isdigit():
         raise DeviceError(f"--gpu {gpu!r} is not understood; use auto, true, false, a GPU index N or cuda:N")
@@ -76,17 +92,21 @@ def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None =
     if index >= count:
         have = "no GPU" if count == 0 else f"{count} GPU{'s' if count > 1 else ''} (0..{count - 1})"
         raise DeviceError(f"--gpu {gpu} asks for GPU {index} but this machine has {have}; pick another or auto")
-    return torch.device("cuda", index)
+    if local_world > 1:
+        raise DeviceError(f"--gpu {gpu} would put all {local_world} torchrun processes on GPU {index}; use --gpu auto")
+    return torch.device("cuda", index), f"--gpu {gpu}"
 
 
-def enable_tf32(enabled: bool = True) -> bool:
+def enable_tf32(enabled: bool = True, deterministic: bool = False) -> bool:
     """Allow TF32 matmul and cuDNN on GPUs of compute capability 8 or more; return whether TF32 is now on.
 
-    Also sets ``torch.set_float32_matmul_precision("high")`` and turns on ``cudnn.benchmark`` when CUDA is present.
+    Also sets ``torch.set_float32_matmul_precision("high")`` when TF32 is on, and cuDNN's benchmark mode (the
+    fastest convolution algorithm per shape, chosen by timing) only when CUDA is present and ``deterministic`` is
+    False: benchmark mode may pick a non-deterministic algorithm, which ``--torch-deterministic`` forbids.
     """
     has_cuda = torch.cuda.is_available()
-    if has_cuda:
-        torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = bool(has_cuda and not deterministic)
+    torch.backends.cudnn.deterministic = bool(deterministic)
     supported = has_cuda and torch.cuda.get_device_capability()[0] >= 8
     on = bool(enabled and supported)
     torch.backends.cuda.matmul.allow_tf32 = on
@@ -95,16 +115,60 @@ def enable_tf32(enabled: bool = True) -> bool:
     return on
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _leading_int(text: str) -> int:
+    """The positive integer a thread variable starts with ("4" or "4,2" give 4), else 0."""
+    head = text.strip().split(",")[0].strip()
+    return int(head) if head.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    """How many CPU threads one run may use, and what decided it."""
+
+    threads: int
+    why: str
+
+
+def thread_budget(requested: int = 0) -> ThreadBudget:
+    """The CPU threads one run should use: ``requested`` when given (``--num-threads``), else the CPUs it may run on
+    (``os.sched_getaffinity``, which ``taskset`` and most schedulers set), capped by ``SLURM_CPUS_PER_TASK`` and
+    ``OMP_NUM_THREADS`` when those are set. Never 0. Two runs that each take every core of the machine starve each
+    other (spinning OpenMP workers); a sweep that gives each run its own cores and variables avoids that.
+    """
+    if requested < 0:
+        raise ValueError(f"--num-threads must be 0 (automatic) or positive, got {requested}")
+    if requested:
+        return ThreadBudget(requested, "--num-threads")
+    threads, why = available_cpus(), "CPU affinity"
+    for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
+        value = _leading_int(os.environ.get(var, ""))
+        if 0 < value < threads:
+            threads, why = value, var
+    return ThreadBudget(max(1, threads), why)
+
+
 def limit_threads(num_threads: int = 1) -> None:
     """Cap OpenMP/MKL/BLAS threads (inherited by subprocesses) and torch's own threads to ``num_threads``.
 
-    Call before starting environment workers: N workers each spawning one thread per core is a thread storm.
+    Torch's inter-op pool gets one thread: the scripts run one op at a time. Call it at start, before environment
+    workers: N workers each spawning one thread per core is a thread storm.
     """
     if num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
         os.environ[var] = str(num_threads)
     torch.set_num_threads(num_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only settable once, before any inter-op work; a second call keeps the first setting
+        pass
 
 
 def divisors(n: int) -> list[int]:
@@ -139,15 +203,30 @@ def choose_batch_size(total: int, requested: int | str = "auto", target: int | N
     return requested
 
 
+def parse_micro_batch(text: str, rows: int) -> int:
+    """``--micro-batch``: ``auto`` is the whole minibatch of ``rows`` (a run that fits pays nothing), else N >= 1."""
+    value = text.strip().lower()
+    if value == "auto":
+        return rows
+    if not value.isdigit() or int(value) < 1:
+        raise BatchSizeError(f"--micro-batch {text!r} must be 'auto' or a positive integer")
+    return min(int(value), rows)
+
+
 CUDA_CONTEXT_BYTES = 500 * 2**20
-"""Typical memory the CUDA context and kernels take on the device before any tensor (about 300-600 MiB)."""
+"""Typical memory the CUDA context, kernels and library workspaces take on a GPU outside PyTorch's allocator."""
 
 _OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd_momentum": 1, "sgd": 0}
 
 
 @dataclass
 class MemoryEstimate:
-    """Estimated device memory of a training run, in bytes."""
+    """Estimated device memory of a training run, in bytes.
+
+    ``total`` is what PyTorch's caching allocator will hold at its peak, the figure to compare with
+    ``torch.cuda.max_memory_allocated()``. ``cuda_context`` (the CUDA context, kernels and cuBLAS/cuDNN workspaces)
+    lies outside the allocator; ``nvidia-smi`` shows ``total + cuda_context`` and more (cached, unused blocks).
+    """
 
     weights: int
     gradients: int
@@ -159,16 +238,8 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        """Sum of every part."""
-        return (
-            self.weights
-            + self.gradients
-            + self.optimizer_state
-            + self.batch
-            + self.rollout
-            + self.activations
-            + self.cuda_context
-        )
+        """Allocator bytes: every part except the CUDA context."""
+        return self.weights + self.gradients + self.optimizer_state + self.batch + self.rollout + self.activations
 
     def __str__(self) -> str:
         rows = [
@@ -178,11 +249,12 @@ class MemoryEstimate:
             ("minibatch data", self.batch),
             ("rollout storage", self.rollout),
             ("activations", self.activations),
-            ("CUDA context", self.cuda_context),
-            ("total", self.total),
+            ("total (allocator)", self.total),
         ]
         lines = ["memory estimate", "-" * 32]
         lines += [f"{name:<18}{nbytes / 2**20:>11.2f} MiB" for name, nbytes in rows]
+        if self.cuda_context:
+            lines.append(f"{'+ CUDA context':<18}{self.cuda_context / 2**20:>11.2f} MiB (outside the allocator)")
         return "\n".join(lines)
 
 
@@ -222,7 +294,8 @@ def estimate_memory(
     ``optimizer`` is one of adam, adamw, rmsprop, sgd_momentum, sgd (its state holds 2, 2, 1, 1, 0 copies of the
     trainable weights). When ``activation_bytes`` is None and ``example_input`` is given, activations are measured
     from one no-grad forward pass (leaf-module output sizes) scaled to ``batch_size`` rows; autograd keeps about
-    that much for backward. The CUDA context is counted only when the model's weights are on a GPU.
+    that much for backward. The CUDA context is reported only when the model's weights are on a GPU, and is not
+    part of ``total``.
     """
     key = optimizer.lower()
     if key not in _OPTIMIZER_STATES:
@@ -242,35 +315,44 @@ def estimate_memory(
     )
 
 
-def backward_in_chunks(
-    loss_fn: Callable[[int, int], torch.Tensor],
-    batch_size: int,
-    chunk_size: int,
-    parameters: list[torch.nn.Parameter] | None = None,
-) -> int:
-    """Backpropagate a minibatch in chunks so the accumulated gradient equals the full-minibatch gradient.
+def accumulate_gradients(
+    loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    batch: Sequence[torch.Tensor],
+    micro_batch: int,
+    parameters: Sequence[nn.Parameter],
+) -> tuple[torch.Tensor, int]:
+    """Backpropagate a minibatch (``batch``: tensors with one row per sample) in micro-batches of at most
+    ``micro_batch`` rows.
 
-    ``loss_fn(start, end)`` returns the mean loss over rows ``[start, end)``; each chunk's loss is weighted by
-    its share of the minibatch before ``backward``, so the summed gradients equal those of one full backward.
-    On ``torch.cuda.OutOfMemoryError`` the gradients of ``parameters`` are zeroed, the chunk size is halved and
-    the minibatch is redone. Returns the chunk size it settled on (pass it back in next time).
+    ``loss_fn(*rows)`` gets the same rows of every tensor and returns (the mean loss over those rows, a tensor of
+    statistics that are means over them). Each loss and its statistics are weighted by the micro-batch's share of
+    the rows, so the accumulated gradients equal one backward over the whole minibatch for any loss that is a mean
+    over rows (normalise over the whole minibatch, e.g. PPO's advantages, before calling). The gradients of
+    ``parameters`` are cleared first. On ``torch.cuda.OutOfMemoryError`` they are cleared again, the micro-batch
+    halves and the minibatch starts over, down to one row. Returns (row-weighted statistics, the micro-batch size it
+    settled on: pass it in next time).
     """
-    chunk = max(1, min(chunk_size, batch_size))
+    rows = len(batch[0])
+    size = max(1, min(micro_batch, rows))
     while True:
+        for p in parameters:
+            p.grad = None
         try:
-            for start in range(0, batch_size, chunk):
-                end = min(start + chunk, batch_size)
-                (loss_fn(start, end) * ((end - start) / batch_size)).backward()
-            return chunk
+            stats = None
+            for start in range(0, rows, size):
+                end = min(start + size, rows)
+                loss, chunk_stats = loss_fn(*(t[start:end] for t in batch))
+                weight = (end - start) / rows
+                (loss * weight).backward()
+                stats = chunk_stats * weight if stats is None else stats + chunk_stats * weight
+            return stats, size
         except torch.cuda.OutOfMemoryError:
-            if chunk == 1:
+            if size == 1:
                 raise
-            if parameters is not None:
-                for p in parameters:
-                    p.grad = None
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            chunk = max(1, chunk // 2)
+        # outside the except block, so the traceback no longer holds the failed attempt's tensors
+        size //= 2
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 class GPUMonitor:
@@ -278,11 +360,14 @@ class GPUMonitor:
 
     PPO alternates bursts of rollout and update, which one-second snapshots miss. ``collect()`` returns the mean
     and peak since the previous call. On CPU, or without NVML, it starts no thread and ``collect()`` returns ``{}``.
+    The NVML device is found by UUID, so it is right whatever ``CUDA_VISIBLE_DEVICES`` holds (indices, UUIDs or MIG
+    ids); where NVML cannot sample (a MIG instance, say) it says so once and logs nothing.
     """
 
     def __init__(self, device: torch.device | str, interval: float = 0.1) -> None:
         self.device = torch.device(device)
         self.interval = interval
+        self.note = ""  # why nothing is sampled, when it is not
         self._samples: list[tuple[float, float]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -296,26 +381,37 @@ class GPUMonitor:
             return self
         try:
             import pynvml  # provided by nvidia-ml-py, an optional dependency
-
+        except ImportError:
+            return self
+        try:
             pynvml.nvmlInit()
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
             self._nvml = pynvml
-        except Exception:  # no NVML: monitoring is a nicety, never a reason to fail a run
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            self._handle = _nvml_handle(pynvml, str(torch.cuda.get_device_properties(index).uuid))
+            self._sample()  # fails here, once, when this device cannot be sampled
+        except Exception as exc:  # monitoring is a nicety, never a reason to fail a run
+            self.note = f"GPU monitor: NVML cannot sample {self.device} ({type(exc).__name__}: {exc}); no gpu/* logs"
+            print(self.note)
             return self
         self._thread = threading.Thread(target=self._run, name="GPUMonitor", daemon=True)
         self._thread.start()
         return self
 
+    def _sample(self) -> tuple[float, float]:
+        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+        used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20
+        return float(util), float(used)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
-                used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20
-            except Exception:
+                sample = self._sample()
+            except Exception as exc:
+                self.note = f"GPU monitor: sampling stopped ({type(exc).__name__}: {exc})"
+                print(self.note)
                 return
             with self._lock:
-                self._samples.append((float(util), float(used)))
+                self._samples.append(sample)
             self._stop.wait(self.interval)
 
     def collect(self) -> dict[str, float]:
@@ -351,13 +447,16 @@ class GPUMonitor:
                 pass
 
 
-def _physical_index(index: int) -> int:
-    """Map a torch device index to the NVML index, honouring CUDA_VISIBLE_DEVICES when it lists plain integers."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    ids = [v.strip() for v in visible.split(",") if v.strip()]
-    if ids and all(v.isdigit() for v in ids) and index < len(ids):
-        return int(ids[index])
-    return index
+def _nvml_handle(pynvml, uuid: str):
+    """The NVML handle of the GPU (or MIG instance) with this CUDA UUID (torch gives it without the GPU- prefix)."""
+    bare = uuid.removeprefix("GPU-").removeprefix("MIG-")
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        nvml_uuid = pynvml.nvmlDeviceGetUUID(handle)
+        nvml_uuid = nvml_uuid.decode() if isinstance(nvml_uuid, bytes) else nvml_uuid
+        if nvml_uuid.removeprefix("GPU-") == bare:
+            return handle
+    return pynvml.nvmlDeviceGetHandleByUUID(f"MIG-{bare}")  # not a whole GPU: a MIG instance, or an error
 
 
 def describe(sessions: int = 4) -> str:
@@ -378,7 +477,8 @@ def describe(sessions: int = 4) -> str:
         lines.append(f"CUDA_OFFSET={offset}: sessions {placement}")
     else:
         lines.append("no GPU: every session runs on the CPU")
-    lines.append(f"CPU threads torch uses: {torch.get_num_threads()} (os.cpu_count() = {os.cpu_count()})")
+    budget = thread_budget()
+    lines.append(f"CPU threads for one run: {budget.threads} ({budget.why}; os.cpu_count() = {os.cpu_count()})")
     return "\n".join(lines)
 
 

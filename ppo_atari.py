@@ -1,5 +1,5 @@
-# PPO on Atari (ALE v5) with the Nature ConvNet, CleanRL style, built to keep one GPU (or a CPU) busy.
-# Envs step in ale-py's C++ vector env (threads, no Python loop over envs); rollout storage lives on the device.
+# PPO with the Nature DQN ConvNet on ALE v5 Atari games, CleanRL style, built to keep one GPU (or a CPU) busy.
+# Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7      (torchrun --nproc-per-node N for N GPUs)
 import os
 import random
 import signal
@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.optim as optim
 import tyro
 from PIL import Image
+from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -25,51 +26,50 @@ import gpu_utils
 
 @dataclass
 class Args:
-    """PPO on ALE v5 Atari games. charts/SPS = agent steps per second (all processes) over the latest iteration,
-    rollout + update, logged from the second iteration after start or resume (the first is warm-up)."""
-
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
+    """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
-    """seed of the experiment (process rank r under torchrun uses seed + r)"""
+    """seed of the experiment (process rank r under torchrun uses seed + r for sampling)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
     gpu: str = "auto"
-    """auto (a GPU if there is one), true (a GPU or an error), false (CPU), or a GPU index N / cuda:N"""
+    """auto (a GPU when there is one), true (a GPU or an error), false (CPU), or a GPU index N / cuda:N"""
     cuda_offset: int | None = None
-    """first GPU of the rotation (None: env CUDA_OFFSET, else 0)"""
+    """first GPU of the rotation (None: the CUDA_OFFSET environment variable, else 0)"""
     session: int = 0
-    """run number; runs rotate over the GPUs as (cuda_offset + session) % num_gpus"""
+    """run number of a sweep; with --gpu auto/true, runs rotate over the GPUs as (cuda_offset + session) % num_gpus"""
     tf32: bool = True
-    """allow TF32 matmuls/convolutions on GPUs that support them"""
+    """allow TF32 matmuls and convolutions on GPUs that support them"""
+    num_threads: int = 0
+    """CPU threads (0: the CPUs this run may use, capped by SLURM_CPUS_PER_TASK and OMP_NUM_THREADS)"""
     track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
+    """mirror the TensorBoard logs to Weights and Biases"""
     wandb_project_name: str = "gpu-rl"
-    """the wandb's project name"""
+    """the wandb project name"""
     wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
+    """the entity (team) of the wandb project"""
     capture_video: bool = False
     """record videos of env 0 to videos/<run_name> (ale backend: the agent's 84x84 view; gymnasium: RGB frames)"""
     progress_bar: bool = True
-    """show a progress bar with steps, SPS and recent return"""
+    """show a progress bar (off: a log line every 10 iterations)"""
     checkpoint_every: int = 100
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on SIGINT/SIGTERM)"""
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
     resume: str | None = None
-    """path of a checkpoint.pt to continue the same run (same run dir, hyperparameters and total steps)"""
+    """checkpoint.pt of a stopped run to continue (same run dir, settings and total steps)"""
     save_model: bool = False
     """save the final model to runs/<run_name>/<exp_name>.model"""
     eval_checkpoint: str | None = None
-    """evaluate this checkpoint or saved model without training, print mean and std of the episodic return"""
+    """evaluate this checkpoint or saved model without training and print the mean and std of the episodic return"""
     eval_episodes: int = 10
-    """number of full-game episodes for --eval-checkpoint"""
+    """episodes for --eval-checkpoint (one per env, played in parallel)"""
     compile: bool = False
-    """torch.compile the policy step and the loss"""
+    """torch.compile the action step and the loss"""
     cudagraphs: bool = False
-    """capture the rollout policy step in a CUDA graph (torch.compile mode='reduce-overhead'; CUDA only)"""
+    """CUDA graphs for the compiled action step and loss (torch.compile mode reduce-overhead; implies --compile)"""
     amp: bool = False
-    """bf16 autocast for the network's forward passes"""
-    channels_last: bool = True
-    """keep conv weights and stored observations channels-last (NHWC), which oneDNN (CPU) and cuDNN run faster"""
+    """bf16 autocast for the network's trunk (heads, log-probs, values and losses stay fp32)"""
+    micro_batch: str = "auto"
+    """rows per backward pass: auto (the whole minibatch, halved on CUDA out-of-memory) or N"""
 
     # Algorithm specific arguments
     env_id: str = "ALE/Breakout-v5"
@@ -77,7 +77,11 @@ class Args:
     env_backend: Literal["ale", "gymnasium"] = "ale"
     """ale: ale-py's threaded C++ AtariVectorEnv; gymnasium: SyncVectorEnv of gym.make envs (for debugging)"""
     env_threads: int = 0
-    """threads stepping the ale envs (0: one per CPU core, at most one per env)"""
+    """threads stepping the ale envs (0: the run's CPU threads, at most one per env)"""
+    max_episode_frames: int = 108_000
+    """emulator frames after which a game is cut short (truncated, not over); v5's 108,000 is 30 minutes"""
+    channels_last: bool = True
+    """keep conv weights and stored observations channels-last (NHWC), which oneDNN (CPU) and cuDNN run faster"""
     total_timesteps: int = 10_000_000
     """total agent steps over all envs and processes; one agent step is 4 emulator frames (frameskip 4)"""
     learning_rate: float = 2.5e-4
@@ -115,12 +119,14 @@ class Args:
 
 
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
-RUNTIME_KEYS = {"gpu", "cuda_offset", "session", "tf32", "track", "wandb_project_name", "wandb_entity", "resume"}
-RUNTIME_KEYS |= {"progress_bar", "checkpoint_every", "save_model", "compile", "cudagraphs", "amp", "env_threads"}
-RUNTIME_KEYS |= {"capture_video", "eval_checkpoint", "eval_episodes", "env_backend", "channels_last"}
+RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
+RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
+RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_backend", "env_threads"}
+RUNTIME_FLAGS |= {"channels_last"}
 
 
-def make_gym_env(env_id: str, video_folder: str | None = None):
+# ---------------------------------------------------------------- environment
+def make_gym_env(env_id: str, max_frames: int, video_folder: str | None = None):
     """A gymnasium ALE v5 env, preprocessed in Python (no OpenCV) like AtariVectorEnv: up to 30 no-op starts, FIRE on
     reset where the game needs it, frameskip 4 with a max over the last two frames, 84x84 grayscale, 4-frame stack."""
 
@@ -142,49 +148,60 @@ def make_gym_env(env_id: str, video_folder: str | None = None):
             return self.frame(obs, obs), info
 
         def step(self, action):
-            total, frames = 0.0, []
+            total = 0.0
+            frames = []
             for _ in range(4):
                 obs, reward, terminated, truncated, info = self.env.step(action)
-                total, frames = total + reward, (frames + [obs])[-2:]
+                total += reward
+                frames = (frames + [obs])[-2:]
                 if terminated or truncated:
                     break
             return self.frame(frames[0], frames[-1]), total, terminated, truncated, info
 
     kwargs = dict(frameskip=1, repeat_action_probability=0.25, full_action_space=False, obs_type="grayscale")
-    env = gym.make(env_id, render_mode="rgb_array" if video_folder else None, **kwargs)
+    env = gym.make(
+        env_id, render_mode="rgb_array" if video_folder else None, max_num_frames_per_episode=max_frames, **kwargs
+    )
     if video_folder:
         env = gym.wrappers.RecordVideo(env, video_folder)
     return gym.wrappers.FrameStackObservation(Preprocess(env), 4)
 
 
-def make_envs(args, num_envs: int, video_folder: str | None):
-    """Vector env, v5 semantics, raw rewards, game-over terminals, SameStep autoreset; video_folder: gymnasium only."""
+def make_envs(args, num_envs: int, env_threads: int, video_folder: str | None = None):
+    """Vector env, v5 semantics, raw rewards, game-over terminals, SameStep autoreset (the last observation of a
+    finished game is in info["final_obs"]); video_folder: gymnasium backend only."""
     if args.env_backend == "ale":
         return ale_py.AtariVectorEnv(
             gym.spec(args.env_id).kwargs["game"], num_envs, repeat_action_probability=0.25, full_action_space=False,
-            num_threads=args.env_threads or min(num_envs, os.cpu_count() or 1), autoreset_mode="SameStep", frameskip=4,
-            maxpool=True, img_height=84, img_width=84, grayscale=True, stack_num=4, noop_max=30, use_fire_reset=True,
-            episodic_life=False, life_loss_info=False, reward_clipping=False, max_num_frames_per_episode=108000,
+            num_threads=min(env_threads, num_envs), autoreset_mode="SameStep", frameskip=4, maxpool=True,
+            img_height=84, img_width=84, grayscale=True, stack_num=4, noop_max=30, use_fire_reset=True,
+            episodic_life=False, life_loss_info=False, reward_clipping=False,
+            max_num_frames_per_episode=args.max_episode_frames,
         )  # fmt: skip
-    thunks = [lambda i=i: make_gym_env(args.env_id, video_folder if i == 0 else None) for i in range(num_envs)]
+    thunks = [lambda i=i: make_gym_env(args.env_id, args.max_episode_frames, video_folder if i == 0 else None)
+              for i in range(num_envs)]  # fmt: skip
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 class EpisodeTracker:
-    """Full-game accounting. `step` returns (rewards clipped to [-1, 1], learning dones (a lost life is one), finished
-    games as (env index, raw return over all lives, length in agent steps))."""
+    """Full-game accounting. `step` returns rewards clipped to [-1, 1], the learning dones (a lost life is one) and the
+    finished games as (env index, raw score over all lives, length in agent steps)."""
 
     def __init__(self, num_envs: int, lives: np.ndarray):
-        self.returns, self.lengths = np.zeros(num_envs, dtype=np.float64), np.zeros(num_envs, dtype=np.int64)
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.lives = np.array(lives)
 
     def step(self, rewards, terminated, truncated, lives):
-        lives, game_over = np.array(lives), np.logical_or(terminated, truncated)
+        lives = np.array(lives)
+        game_over = np.logical_or(terminated, truncated)
         life_lost = (lives < self.lives) & ~game_over
         self.lives = lives  # after a game over these are the new game's lives (SameStep reset)
-        self.returns, self.lengths = self.returns + rewards, self.lengths + 1
+        self.returns += rewards
+        self.lengths += 1
         finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(game_over)]
-        self.returns[game_over], self.lengths[game_over] = 0.0, 0
+        self.returns[game_over] = 0.0
+        self.lengths[game_over] = 0
         return np.clip(rewards, -1.0, 1.0).astype(np.float32), game_over | life_lost, finished
 
 
@@ -192,7 +209,9 @@ class AgentViewRecorder:
     """Writes env 0's games as the agent sees them (last frame of the stack) on a capped cubic schedule."""
 
     def __init__(self, folder: str):
-        self.folder, self.frames, self.episode = folder, [], 0
+        self.folder = folder
+        self.frames = []
+        self.episode = 0
         os.makedirs(folder, exist_ok=True)
 
     def add(self, frame: np.ndarray, game_over: bool) -> str | None:
@@ -204,21 +223,13 @@ class AgentViewRecorder:
             return None
         from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
 
-        path, frames, self.frames = os.path.join(self.folder, f"episode-{ep}.mp4"), self.frames, []
-        ImageSequenceClip(frames, fps=15).write_videofile(path, logger=None)
+        path = os.path.join(self.folder, f"episode-{ep}.mp4")
+        ImageSequenceClip(self.frames, fps=15).write_videofile(path, logger=None)
+        self.frames = []
         return path
 
 
-def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns (advantages, returns)."""
-    nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
-    deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
-    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
-    return advantages, advantages + values
-
-
+# ---------------------------------------------------------------- network
 def layer_init(layer, std=2**0.5, bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -226,8 +237,9 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    def __init__(self, num_actions: int):
+    def __init__(self, num_actions: int, amp: bool = False):
         super().__init__()
+        self.amp = amp  # bf16 for the convolutional trunk only: heads, log-probs and values stay fp32
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
@@ -239,142 +251,200 @@ class Agent(nn.Module):
 
     def forward(self, x):
         """uint8 observations (B, 4, 84, 84) -> (logits, value); the scaling to [0, 1] happens here."""
-        hidden = self.network(x.float() / 255.0)
-        return self.actor(hidden).float(), self.critic(hidden).float().squeeze(-1)
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.amp):
+            hidden = self.network(x.float() / 255.0)
+        hidden = hidden.float()
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
 
-def load_checkpoint(path: str) -> dict:
+# ---------------------------------------------------------------- algorithm
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns (advantages, returns)."""
+    nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+    deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
+    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, stats): value
+    loss, policy loss, entropy, old and new approximate KL, clip fraction, mean (ratio - 1)^2."""
+    logits, newvalue = agent(obs)
+    logp_all = torch.log_softmax(logits, -1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+    logratio = logp_all.gather(-1, actions[:, None]).squeeze(-1) - logprobs
+    ratio = logratio.exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    if clip_vloss:
+        v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    with torch.no_grad():
+        kl = torch.stack([(-logratio).mean(), ((ratio - 1) - logratio).mean()])
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+        stats = torch.cat(
+            [torch.stack([v_loss, pg_loss, entropy]), kl, torch.stack([clipfrac, ((ratio - 1) ** 2).mean()])]
+        )
+    return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
+
+
+@torch.no_grad()
+def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
+    """V(last observation) of each game that the frame cap cut short (0 elsewhere): its reward bootstraps from it."""
+    cut = np.flatnonzero(np.logical_and(truncated, np.logical_not(terminated)))
+    values = np.zeros(len(truncated), dtype=np.float32)
+    if len(cut):
+        obs = torch.as_tensor(np.stack([final_obs[i] for i in cut]), device=device)
+        values[cut] = agent(obs)[1].cpu().numpy()
+    return values
+
+
+# ---------------------------------------------------------------- checkpoint and evaluation
+def rng_state(device) -> dict:
+    numpy_state = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state(), cuda=cuda)
+
+
+def set_rng_state(state: dict, device) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_weights(agent, optimizer, ckpt: dict, path: str) -> None:
+    """Load a checkpoint's model (and optimizer) state, or exit with one line when it does not fit this network."""
+    try:
+        agent.load_state_dict(ckpt["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError) as exc:
+        print(
+            f"error: {path!r} does not fit the network/env ({str(exc).strip().splitlines()[0][:120]})", file=sys.stderr
+        )
+        sys.exit(2)
+
+
+def save_checkpoint(path: str, **state) -> None:
+    """Write atomically: an interrupted save keeps the previous checkpoint."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path: str, training: bool = False) -> dict:
+    """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise ValueError(f"cannot read checkpoint {path!r} ({type(exc).__name__}); is it a ppo_atari file?") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{path!r} is not a ppo_atari checkpoint (no model/args); use one this script wrote")
+    if training and not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
+        raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
     return ckpt
 
 
+@torch.no_grad()
+def evaluate(envs, act, device, seed: int) -> np.ndarray:
+    """Play one full game in every env and return each env's first score. Averaging games in the order they finish
+    would favour short games (an env can finish two short games before a long one ends elsewhere)."""
+    obs, info = envs.reset(seed=seed)
+    tracker = EpisodeTracker(envs.num_envs, info["lives"])
+    scores = np.full(envs.num_envs, np.nan)
+    while np.isnan(scores).any():
+        obs, reward, terminated, truncated, info = envs.step(act(torch.as_tensor(obs, device=device)).cpu().numpy())
+        for i, score, _ in tracker.step(reward, terminated, truncated, info["lives"])[2]:
+            scores[i] = score if np.isnan(scores[i]) else scores[i]
+    return scores
+
+
 if __name__ == "__main__":
+    # ---------------- arguments and their checks
     args = tyro.cli(Args)
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    distributed, is_main = world_size > 1, rank == 0
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    distributed = world_size > 1
+    is_main = rank == 0
     try:
-        ckpt = load_checkpoint(args.resume) if args.resume else None
-        if ckpt is not None:
-            if not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
-                raise ValueError(f"{args.resume!r} holds no training state (a --save-model file?); use a checkpoint.pt")
-            vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_KEYS and hasattr(args, k)})
+        ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
+        if ckpt:
+            vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_FLAGS and hasattr(args, k)})
+            if len(ckpt["rng"]) != world_size:
+                raise ValueError(f"the checkpoint is from {len(ckpt['rng'])} processes; resume with as many")
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
-        args.env_id = eval_ckpt["args"].get("env_id", args.env_id) if eval_ckpt else args.env_id
+        args.env_id = eval_ckpt["args"]["env_id"] if eval_ckpt else args.env_id
         if args.env_id not in gym.envs.registry or args.env_id[:4] != "ALE/" or args.env_id[-3:] != "-v5":
             hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
             raise ValueError(f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"')
         if not 0.0 <= args.gae_lambda <= 1.0:
             raise ValueError(f"--gae-lambda {args.gae_lambda} must be in [0, 1]")
-        if args.num_envs < 1 or args.num_steps < 1 or args.update_epochs < 1:
-            raise ValueError("--num-envs, --num-steps and --update-epochs must be at least 1")
+        if min(args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes, args.max_episode_frames) < 1:
+            raise ValueError("--num-envs, --num-steps, --update-epochs, --eval-episodes, --max-episode-frames: >= 1")
         batch_size = args.num_envs * args.num_steps  # per process
         if args.num_minibatches is not None:
             if args.num_minibatches < 1 or batch_size % args.num_minibatches:
-                valid = ", ".join(str(d) for d in gpu_utils.divisors(batch_size)[:12])
-                raise ValueError(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch_size} "
-                                 f"(num_envs * num_steps); valid: {valid}")  # fmt: skip
+                valid = ", ".join(map(str, gpu_utils.divisors(batch_size)[:12]))
+                problem = f"--num-minibatches {args.num_minibatches} does not divide the batch {batch_size}"
+                raise ValueError(f"{problem}; valid: {valid}")
             args.minibatch_size = batch_size // args.num_minibatches
         try:
             args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size)
         except gpu_utils.BatchSizeError as exc:
             raise ValueError(f"--minibatch-size: {exc} (num_envs * num_steps)") from None
         args.num_minibatches = batch_size // args.minibatch_size
+        micro_batch = gpu_utils.parse_micro_batch(args.micro_batch, args.minibatch_size)
         if args.total_timesteps < batch_size * world_size:
             raise ValueError(f"--total-timesteps must be at least one batch ({batch_size * world_size} agent steps)")
-        device = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
+        device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
         if args.cudagraphs and device.type != "cuda":
-            raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true")
+            raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
+        threads = gpu_utils.thread_budget(args.num_threads)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 
+    # ---------------- device, threads, seeds
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    gpu_utils.enable_tf32(args.tf32)
+    tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
+    gpu_utils.limit_threads(threads.threads)
+    env_threads = min(args.env_threads or threads.threads, args.num_envs)  # the envs and the network take turns
     if distributed:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     args.batch_size = batch_size * world_size
     args.num_iterations = args.total_timesteps // args.batch_size
     env_tag = args.env_id.replace("/", "_")
     run_name = ckpt["run_name"] if ckpt else f"{env_tag}__{args.exp_name}__{args.seed}__{int(time.time())}"
-
-    # seeding: the model starts from the base seed on every process (identical copies); everything after differs by rank
+    # the model starts from the base seed on every process (identical copies); everything after differs by rank
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    # ---------------- env, agent (training, or evaluation of --eval-checkpoint) ----------------
-    video_dir = f"videos/{run_name}" if args.capture_video and is_main and eval_ckpt is None else None
-    envs = make_envs(args, min(args.num_envs, args.eval_episodes) if eval_ckpt else args.num_envs, video_dir)
-    memory_format = torch.channels_last if args.channels_last else torch.preserve_format
-    agent = Agent(envs.single_action_space.n).to(device, memory_format=memory_format)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    try:
-        if eval_ckpt or ckpt:
-            agent.load_state_dict((eval_ckpt or ckpt)["model"])
-        if ckpt and not eval_ckpt:
-            optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0][:150]
-        print(f"error: {args.eval_checkpoint or args.resume!r} does not fit the network/env ({first})", file=sys.stderr)
-        sys.exit(2)
-    start_iteration, global_step = (ckpt["iteration"] + 1, ckpt["global_step"]) if ckpt else (1, 0)
-
-    @torch.no_grad()
-    def policy_step(x):
-        with torch.autocast(device.type, torch.bfloat16, enabled=args.amp):
-            logits, value = agent(x)
-        logp_all = torch.log_softmax(logits, -1)
-        action = (logits - (-torch.rand_like(logits).log()).log()).argmax(-1)  # Gumbel-max sample, no host sync
-        return action, logp_all.gather(-1, action[:, None]).squeeze(-1), value
-
-    def ppo_loss(mb_obs, mb_actions, mb_logprobs, mb_adv, mb_returns, mb_values):
-        with torch.autocast(device.type, torch.bfloat16, enabled=args.amp):
-            logits, newvalue = agent(mb_obs)
-        logp_all = torch.log_softmax(logits, -1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
-        logratio = logp_all.gather(-1, mb_actions[:, None]).squeeze(-1) - mb_logprobs
-        ratio = logratio.exp()
-        with torch.no_grad():
-            old_approx_kl, approx_kl = (-logratio).mean(), ((ratio - 1) - logratio).mean()
-            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-        if args.norm_adv:
-            mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-        pg_loss = torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-        if args.clip_vloss:
-            v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-            v_loss = 0.5 * torch.max((newvalue - mb_returns) ** 2, (v_clipped - mb_returns) ** 2).mean()
-        else:
-            v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-        loss = pg_loss - args.ent_coef * entropy + v_loss * args.vf_coef
-        return loss, torch.stack([v_loss, pg_loss, entropy, old_approx_kl, approx_kl, clipfrac]).detach()
-
-    if args.compile or args.cudagraphs:
-        policy_step = torch.compile(policy_step, mode="reduce-overhead" if args.cudagraphs else None)
-    if args.compile:
-        ppo_loss = torch.compile(ppo_loss)
-
-    if eval_ckpt is not None:
-        obs, info = envs.reset(seed=args.seed)
-        tracker, scores = EpisodeTracker(envs.num_envs, info["lives"]), []
-        while len(scores) < args.eval_episodes:
-            action = policy_step(torch.as_tensor(obs, device=device))[0]
-            obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
-            scores += [ret for _, ret, _ in tracker.step(reward, terminated, truncated, info["lives"])[2]]
-        mean, std = np.mean(scores[: args.eval_episodes]), np.std(scores[: args.eval_episodes])
-        print(f"eval {args.env_id}: mean_return={mean:.2f} std_return={std:.2f} over {args.eval_episodes} episodes")
-        envs.close()
+    if eval_ckpt:
+        envs = make_envs(args, args.eval_episodes, threads.threads)
+        agent = Agent(envs.single_action_space.n, args.amp).to(device)
+        load_weights(agent, None, eval_ckpt, args.eval_checkpoint)
+        scores = evaluate(envs, lambda x: Categorical(logits=agent(x)[0]).sample(), device, args.seed)
+        print(f"eval {args.env_id}: mean return {scores.mean():.2f} +- {scores.std():.2f} over {len(scores)} episodes")
         sys.exit(0)
+    if is_main:
+        print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}, {world_size} process(es)")
+        print(f"threads: {threads.threads} torch, {env_threads} env ({threads.why})")
+        print("config:")
+        for key, value in vars(args).items():
+            if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
+                source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
+                print(f"  {key:<20} {value!s:<18} ({source})")
 
-    # ---------------- logging ----------------
+    # ---------------- logging
     if is_main:
         if args.track:
             import wandb
@@ -386,58 +456,85 @@ if __name__ == "__main__":
         table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
 
+    # ---------------- env and network
+    video_dir = f"videos/{run_name}" if args.capture_video and is_main else None
+    envs = make_envs(args, args.num_envs, env_threads, video_dir if args.env_backend == "gymnasium" else None)
+    memory_format = torch.channels_last if args.channels_last else torch.preserve_format
+    agent = Agent(envs.single_action_space.n, args.amp).to(device, memory_format=memory_format)
+    params = list(agent.parameters())
+    optimizer = optim.Adam(params, lr=args.learning_rate, eps=1e-5)
     torch.manual_seed(args.seed + rank)
-    if ckpt is not None and is_main:
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    start_iteration = 1
+    global_step = 0
+    if ckpt:
+        load_weights(agent, optimizer, ckpt, args.resume)
+        set_rng_state(ckpt["rng"][rank], device)  # each process continues its own sampling noise and shuffles
+        start_iteration = ckpt["iteration"] + 1
+        global_step = ckpt["global_step"]
+        if is_main:
+            print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{args.num_iterations})")
 
-    # ---------------- storage: rollout on the device, pinned host staging buffers ----------------
+    @torch.no_grad()
+    def policy_step(x):
+        logits, value = agent(x)
+        logp_all = torch.log_softmax(logits, -1)
+        action = (logits - (-torch.rand_like(logits).log()).log()).argmax(-1)  # Gumbel-max sample, no host sync
+        return action, logp_all.gather(-1, action[:, None]).squeeze(-1), value
+
+    loss_fn = ppo_loss
+    if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
+        policy_step = torch.compile(policy_step, mode="reduce-overhead" if args.cudagraphs else None)
+        loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if args.cudagraphs else None)
+
+    def mb_loss(*data):  # the loss of the rows of one (micro-)batch
+        return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
+
+    # ---------------- storage: rollout on the device, pinned host staging buffers
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     if args.channels_last:  # stored NHWC, so minibatches reach the convolutions without a layout copy
         obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs, values = torch.zeros((2, args.num_steps, args.num_envs), device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     pin = device.type == "cuda"
     # host side: obs staging buffer (pinned, one non_blocking copy per step); rewards/dones copied once per iteration
     host_obs = torch.empty((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
     host_rd = torch.zeros((2, args.num_steps + 1, args.num_envs), dtype=torch.float32, pin_memory=pin)
-
     if is_main:
         rollout_bytes = sum(t.numel() * t.element_size() for t in (obs, actions, logprobs, values)) * 3 // 2
         mb_bytes = args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4)
         est = gpu_utils.estimate_memory(agent, "adam", mb_bytes, rollout_bytes, None, obs[0, :2], args.minibatch_size)
-        print(f"{sum(p.numel() for p in agent.parameters()):,} parameters on {device}, {world_size} process(es)\n{est}")
+        print(f"{sum(p.numel() for p in params):,} parameters\n{est}")
         writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
 
     stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
 
-    def save_checkpoint(iteration, status):
-        path = f"runs/{run_name}/checkpoint.pt"
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-        rng["cuda"] = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), iteration=iteration, rng=rng)
-        state.update(global_step=global_step, args=vars(args), run_name=run_name)
-        state["wandb_id"] = wandb.run.id if args.track else None
-        state["status"] = status  # running (periodic), stopped (by a signal) or finished
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)
+    def checkpoint(iteration, status):
+        rng = [rng_state(device)] * world_size
+        if distributed:  # every process's RNG state goes into rank 0's file, so each continues its own on --resume
+            dist.all_gather_object(rng, rng[0])
+        if is_main:
+            state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=rng)
+            state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
+            save_checkpoint(f"runs/{run_name}/checkpoint.pt", wandb_id=wandb.run.id if args.track else None, **state)
 
-    # ---------------- training ----------------
+    # ---------------- training loop
     env_seed = args.seed * 10_000 + rank * args.num_envs + (start_iteration - 1) * 7919  # new games after resume
-    host_obs_np, host_rd_np = host_obs.numpy(), host_rd.numpy()
+    host_obs_np = host_obs.numpy()
+    host_rd_np = host_rd.numpy()
     host_obs_np[:], info = envs.reset(seed=env_seed)
     next_obs = host_obs.to(device, non_blocking=True, copy=True)
     tracker = EpisodeTracker(args.num_envs, info["lives"])
     recorder = AgentViewRecorder(video_dir) if video_dir and args.env_backend == "ale" else None
-    recent_returns, iteration, stopping = [], start_iteration - 1, False
-    total = args.num_iterations * args.batch_size
-    pbar = tqdm(total=total, initial=global_step, disable=not (args.progress_bar and is_main), unit="step")
+    recent_returns = []
+    iteration_times = []
+    stopping = False
+    iteration = start_iteration - 1
+    train_start = time.time()
+    pbar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, disable=not args.progress_bar or rank)
     monitor = gpu_utils.GPUMonitor(device).start()
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()
@@ -454,7 +551,10 @@ if __name__ == "__main__":
             host_obs_np[:], reward, terminated, truncated, info = envs.step(actions[step].cpu().numpy())
             next_obs.copy_(host_obs, non_blocking=True)
             clipped, done, games = tracker.step(reward, terminated, truncated, info["lives"])
-            host_rd_np[0, step], host_rd_np[1, step + 1] = clipped, done
+            if truncated.any():  # the frame cap cut a game short: its value target bootstraps from V(last observation)
+                clipped += args.gamma * final_values(agent, info["final_obs"], truncated, terminated, device)
+            host_rd_np[0, step] = clipped
+            host_rd_np[1, step + 1] = done
             finished += games
             if recorder is not None:
                 video = recorder.add(host_obs_np[0, -1], bool(terminated[0] or truncated[0]))
@@ -462,28 +562,40 @@ if __name__ == "__main__":
                     wandb.log({"videos": wandb.Video(video)}, commit=False)
         global_step += args.batch_size
         rd = host_rd.to(device, non_blocking=True)
-        rewards, dones, next_done = rd[0, :-1], rd[1, :-1], rd[1, -1]
 
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.amp):
-            next_value = agent(next_obs)[1].float()
+        # ---------------- advantages
+        with torch.no_grad():
+            next_value = agent(next_obs)[1]
+        rewards, dones, next_done = rd[0, :-1], rd[1, :-1], rd[1, -1]
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
-        batch = [x.reshape((batch_size,) + x.shape[2:]) for x in (obs, actions, logprobs, advantages, returns, values)]
+        # ---------------- update
+        b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
+            x.reshape((batch_size,) + x.shape[2:]) for x in (obs, actions, logprobs, advantages, returns, values)
+        )
+        first_stats = None  # of the first minibatch, before any step: its ratio must be 1 up to rounding
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device)
-            stats = torch.zeros(6, device=device)
+            stats = torch.zeros(7, device=device)
             for start in range(0, batch_size, args.minibatch_size):
                 mb = b_inds[start : start + args.minibatch_size]
-                loss, mb_stats = ppo_loss(*(x[mb] for x in batch))
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
+                mb_advantages = b_advantages[mb]
+                if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                data = (b_obs[mb], b_actions[mb], b_logprobs[mb], mb_advantages, b_returns[mb], b_values[mb])
+                mb_stats, used = gpu_utils.accumulate_gradients(mb_loss, data, micro_batch, params)
+                if used != micro_batch and is_main:
+                    print(f"micro-batch: CUDA out of memory at {micro_batch} rows, now {used} rows per backward pass")
+                    writer.add_scalar("memory/micro_batch", used, global_step)
+                micro_batch = used
                 if distributed:  # average gradients over processes, one flat all_reduce per minibatch
-                    grads = [p.grad for p in agent.parameters()]
+                    grads = [p.grad for p in params]
                     flat = torch.cat([g.reshape(-1) for g in grads])
                     dist.all_reduce(flat)
                     torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat / world_size, grads))
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
+                first_stats = mb_stats if first_stats is None else first_stats
                 stats += mb_stats
             stats /= args.num_minibatches
             if args.target_kl is not None:  # one sync per epoch, only when --target-kl is set
@@ -493,59 +605,66 @@ if __name__ == "__main__":
                 if kl.item() / world_size > args.target_kl:
                     break
 
-        # ---------------- once per iteration: pull scalars to the host ----------------
+        # ---------------- logging: one pull of scalars to the host per iteration
         explained_var = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
         stop_now = torch.tensor([float(bool(stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
-        *losses, stopping = torch.cat([stats, explained_var[None], stop_now]).tolist()
-        elapsed = time.perf_counter() - iteration_start
+        *losses, stopping = torch.cat([stats[:6], first_stats[6:].sqrt(), explained_var[None], stop_now]).tolist()
+        iteration_times.append(time.perf_counter() - iteration_start)
         if is_main:
             for _, ret, length in finished:
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
                 recent_returns = (recent_returns + [ret])[-20:]
-            names = "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac explained_variance".split()
+            names = (
+                "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac initial_ratio_error explained_variance"
+            )
             scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"], **monitor.collect()}
-            for key, value in {**scalars, **{f"losses/{n}": v for n, v in zip(names, losses)}}.items():
+            scalars |= {f"losses/{name}": value for name, value in zip(names.split(), losses)}
+            sps = args.batch_size / iteration_times[-1]
+            if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
+                scalars["charts/SPS"] = sps
+            for key, value in scalars.items():
                 writer.add_scalar(key, value, global_step)
-            sps, recent = args.batch_size / elapsed, np.mean(recent_returns) if recent_returns else float("nan")
-            if iteration > start_iteration:  # the first iteration after start/resume is warm-up (compile, caches)
-                writer.add_scalar("charts/SPS", sps, global_step)
-                pbar.set_postfix(SPS=f"{sps:,.0f}", ret=f"{recent:.1f}" if recent_returns else "-")
+            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
+            pbar.set_postfix(SPS=f"{sps:,.0f}", ret=recent)
             pbar.update(args.batch_size)
             if not args.progress_bar and (iteration % 10 == 0 or iteration == args.num_iterations):
-                print(f"iteration {iteration}/{args.num_iterations} step={global_step} SPS={sps:,.0f} ret={recent:.1f}")
-            if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping:
-                save_checkpoint(iteration, "stopped" if stopping else "running")
-            if stopping:
                 print(
-                    f"stopping on {(stop or ['a signal to another process'])[0]}: checkpoint at step {global_step}; "
-                    f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
+                    f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, return {recent}"
                 )
+        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping:
+            checkpoint(iteration, "stopped" if stopping else "running")
         if stopping:
+            if is_main:
+                print(f"stopping on {(stop or ['a signal to another process'])[0]}: checkpoint at step {global_step}; "
+                      f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt")  # fmt: skip
             break
 
+    # ---------------- end of the run
     pbar.close()
     monitor.close()
+    if not stopping and args.num_iterations >= start_iteration:
+        checkpoint(iteration, "finished")
     if distributed:  # gradient averaging keeps every process's copy of the weights identical; check it once
-        checksum = torch.stack([p.detach().double().sum() for p in agent.parameters()]).sum().reshape(1)
+        checksum = torch.stack([p.detach().double().sum() for p in params]).sum().reshape(1)
         gathered = [torch.zeros_like(checksum) for _ in range(world_size)]
         dist.all_gather(gathered, checksum)
         if is_main:
             print(f"weights identical on all {world_size} processes: {all(torch.equal(g, checksum) for g in gathered)}")
     if is_main:
-        if not stopping and args.num_iterations >= start_iteration:
-            save_checkpoint(iteration, "finished")
-        if args.save_model:
-            model_path = f"runs/{run_name}/{args.exp_name}.model"
-            torch.save({"model": agent.state_dict(), "args": vars(args)}, model_path)
-            print(f"model saved to {model_path}")
+        if args.save_model and not stopping:
+            torch.save({"model": agent.state_dict(), "args": vars(args)}, f"runs/{run_name}/{args.exp_name}.model")
+            print(f"model saved to runs/{run_name}/{args.exp_name}.model")
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device) / 2**20
             writer.add_scalar("memory/peak_allocated_mib", peak, global_step)
-            print(f"peak allocated {peak:.1f} MiB (estimate {est.total / 2**20:.1f} MiB)")
-        print(f"done: global_step={global_step} iterations={iteration}/{args.num_iterations} run={run_name}")
+            print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
+        steady = iteration_times[1:] or iteration_times  # the first iteration is warm-up
+        sps = args.batch_size * len(steady) / max(sum(steady), 1e-9)
+        print(f"done: step {global_step}/{args.num_iterations * args.batch_size} in {time.time() - train_start:.1f}s, "
+              f"{sps:,.0f} SPS, run dir runs/{run_name}")  # fmt: skip
         writer.close()
     envs.close()
     if distributed:

@@ -1,14 +1,18 @@
-"""Speed baseline: a straightforward single-file PPO on Atari in the style of CleanRL's ppo_atari.py.
+"""Speed baseline: CleanRL's ppo_atari.py as a reader knows it, on ALE v5, standing alone (nothing imported from
+this project).
 
-gymnasium SyncVectorEnv over gym.make ALE v5 envs (Python loop over envs), float32 rollout storage, per-step host
-copies of observations, rewards and dones, Categorical sampling. The same network, losses and hyperparameters as
-ppo_atari.py; the frame preprocessing comes from ppo_atari.make_gym_env (v5 semantics, no OpenCV), plus the usual
-episodic-life and reward-clipping wrappers. Used only by bench_ppo_atari.py; not a training script to rely on.
+What makes it the usual single-file script: a gymnasium SyncVectorEnv over gym.make envs (a Python loop over the
+envs), the SB3/CleanRL Atari wrappers (no-op starts, max-and-skip 4, episodic life, FIRE on reset, reward clipping,
+84x84 resize, 4-frame stack), float32 rollout storage, per-step host<->device copies of observations, rewards and
+dones, a torch Categorical distribution, and CleanRL's Nature ConvNet Agent, losses and hyperparameters.
+Differences from CleanRL's file, each needed to run here: ALE v5 ids (sticky actions 0.25, frameskip=1 in gym.make so
+MaxAndSkipEnv does the skipping, grayscale frames from ALE), the 84x84 resize done with Pillow (CleanRL's
+ResizeObservation needs OpenCV, which this project does not install), gymnasium 1.x's SameStep autoreset with its
+``final_info`` layout, and ``charts/SPS`` logged per iteration from the second one on (CleanRL logs the running
+average) so that benchmark/speed.py reads it the same way as for our scripts. Not a training script to rely on.
 """
 
-import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 
@@ -18,11 +22,11 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 import tyro
+from PIL import Image
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ppo_atari import Agent, make_gym_env  # noqa: E402
+gym.register_envs(__import__("ale_py"))  # registers the ALE/<Game>-v5 ids
 
 
 @dataclass
@@ -61,8 +65,47 @@ class Args:
     """the maximum norm for the gradient clipping"""
 
 
+# ---------------- the SB3 Atari wrappers CleanRL imports (stable_baselines3.common.atari_wrappers), gymnasium API
+
+
+class NoopResetEnv(gym.Wrapper):
+    """Up to noop_max no-op actions after a reset."""
+
+    def __init__(self, env, noop_max=30):
+        super().__init__(env)
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+class MaxAndSkipEnv(gym.Wrapper):
+    """Repeat the action `skip` times; the observation is the max over the last two frames."""
+
+    def __init__(self, env, skip=4):
+        super().__init__(env)
+        self._obs_buffer = np.zeros((2, *env.observation_space.shape), dtype=env.observation_space.dtype)
+        self._skip = skip
+
+    def step(self, action):
+        total_reward, terminated, truncated, info = 0.0, False, False, {}
+        for i in range(self._skip):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if i >= self._skip - 2:
+                self._obs_buffer[i - (self._skip - 2)] = obs
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return self._obs_buffer.max(axis=0), total_reward, terminated, truncated, info
+
+
 class EpisodicLifeEnv(gym.Wrapper):
-    """Lost life = terminal for learning; the game is only reset when it is really over (SB3 semantics)."""
+    """A lost life is terminal for learning; the game is only reset when it is really over."""
 
     def __init__(self, env):
         super().__init__(env)
@@ -81,17 +124,94 @@ class EpisodicLifeEnv(gym.Wrapper):
         if self.was_real_done:
             obs, info = self.env.reset(**kwargs)
         else:
-            obs, _, _, _, info = self.env.step(0)
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
         self.lives = self.env.unwrapped.ale.lives()
         return obs, info
 
 
+class FireResetEnv(gym.Wrapper):
+    """Press FIRE (and then action 2) on reset, for games that wait for it."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        obs, _, terminated, truncated, _ = self.env.step(1)
+        if terminated or truncated:
+            self.env.reset(**kwargs)
+        obs, _, terminated, truncated, _ = self.env.step(2)
+        if terminated or truncated:
+            self.env.reset(**kwargs)
+        return obs, {}
+
+
+class ClipRewardEnv(gym.RewardWrapper):
+    def reward(self, reward):
+        return np.sign(float(reward))
+
+
+class ResizeObservation(gym.ObservationWrapper):
+    """84x84 bilinear resize of a grayscale frame (Pillow; CleanRL's gymnasium wrapper uses OpenCV)."""
+
+    def __init__(self, env, size=84):
+        super().__init__(env)
+        self.size = size
+        self.observation_space = gym.spaces.Box(0, 255, (size, size), np.uint8)
+
+    def observation(self, obs):
+        return np.asarray(Image.fromarray(obs).resize((self.size, self.size), Image.BILINEAR))
+
+
 def make_env(env_id):
     def thunk():
-        env = gym.wrappers.RecordEpisodeStatistics(make_gym_env(env_id))
-        return gym.wrappers.ClipReward(EpisodicLifeEnv(env), -1, 1)
+        env = gym.make(env_id, frameskip=1, obs_type="grayscale")  # v5: sticky actions 0.25, minimal action set
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = NoopResetEnv(env, noop_max=30)
+        env = MaxAndSkipEnv(env, skip=4)
+        env = EpisodicLifeEnv(env)
+        if "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireResetEnv(env)
+        env = ClipRewardEnv(env)
+        env = ResizeObservation(env, 84)
+        return gym.wrappers.FrameStackObservation(env, 4)
 
     return thunk
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature ConvNet with a policy and a value head, as in CleanRL's ppo_atari.py."""
+
+    def __init__(self, envs):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, envs.single_action_space.n), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def get_value(self, x):
+        return self.critic(self.network(x / 255.0))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(x / 255.0)
+        probs = Categorical(logits=self.actor(hidden))
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
 
 
 if __name__ == "__main__":
@@ -108,7 +228,7 @@ if __name__ == "__main__":
 
     autoreset = gym.vector.AutoresetMode.SAME_STEP  # as gymnasium < 1.0, which CleanRL was written for
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(args.num_envs)], autoreset_mode=autoreset)
-    agent = Agent(envs.single_action_space.n).to(device)
+    agent = Agent(envs).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape).to(device)
@@ -128,11 +248,9 @@ if __name__ == "__main__":
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                logits, value = agent(next_obs)
-                probs = Categorical(logits=logits)
-                action = probs.sample()
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
                 values[step] = value.flatten()
-            actions[step], logprobs[step] = action, probs.log_prob(action)
+            actions[step], logprobs[step] = action, logprob
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = torch.tensor(reward).to(device).view(-1)
@@ -143,7 +261,7 @@ if __name__ == "__main__":
                 writer.add_scalar("charts/episodic_length", final["episode"]["l"][i], global_step)
 
         with torch.no_grad():
-            next_value = agent(next_obs)[1].reshape(1, -1)
+            next_value = agent.get_value(next_obs).reshape(1, -1)
             advantages = torch.zeros_like(rewards).to(device)
             lastgaelam = 0
             for t in reversed(range(args.num_steps)):
@@ -163,9 +281,8 @@ if __name__ == "__main__":
             np.random.shuffle(b_inds)
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start : start + args.minibatch_size]
-                logits, newvalue = agent(b_obs[mb_inds])
-                probs = Categorical(logits=logits)
-                newlogprob, entropy = probs.log_prob(b_actions.long()[mb_inds]), probs.entropy()
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions.long()[mb_inds])
+                newvalue = newvalue.view(-1)
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
                 with torch.no_grad():

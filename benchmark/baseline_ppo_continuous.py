@@ -1,7 +1,9 @@
-# The common single-file baseline (CleanRL ppo_continuous_action.py), ported to gymnasium 1.x, used only as a
-# speed reference for benchmark/bench_ppo_continuous.py: 1 env in a SyncVectorEnv with the usual per-env wrappers,
-# 64,64 tanh MLPs, a torch Normal distribution per step and per-step host<->device copies.
-# Prints "SPS: <n>" at the end (agent steps per second, first iteration excluded), like ppo_continuous.py.
+# Speed baseline: CleanRL's ppo_continuous_action.py, ported to gymnasium 1.x, standing alone (nothing imported from
+# this project): 1 env in a SyncVectorEnv with the usual per-env wrappers (observation and reward normalisation
+# and clipping), 64,64 tanh MLPs, a torch Normal distribution per step and per-step host<->device copies.
+# Differences from CleanRL's file: gymnasium 1.x (SameStep autoreset, the `final_info` layout), and `charts/SPS`
+# logged per iteration from the second one on (CleanRL logs the running average), so that benchmark/speed.py reads
+# it the same way as for our scripts; it also prints "SPS: <n>" at the end. Not a training script to rely on.
 import random
 import time
 from dataclasses import dataclass
@@ -13,10 +15,13 @@ import torch.nn as nn
 import torch.optim as optim
 import tyro
 from torch.distributions.normal import Normal
+from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
 class Args:
+    exp_name: str = "baseline_ppo_continuous"
+    """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -120,6 +125,8 @@ if __name__ == "__main__":
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
 
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    writer = SummaryWriter(f"runs/{run_name}")
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -170,6 +177,7 @@ if __name__ == "__main__":
                 for r, has in zip(infos["final_info"]["episode"]["r"], infos["final_info"]["_episode"]):
                     if has:
                         returns_seen.append(float(r))
+                        writer.add_scalar("charts/episodic_return", float(r), global_step)
 
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
@@ -241,9 +249,14 @@ if __name__ == "__main__":
                 break
 
         timings.append((args.batch_size, time.time() - t0))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        if iteration > 1:  # the first iteration is warm-up
+            writer.add_scalar("charts/SPS", args.batch_size / timings[-1][1], global_step)
         ret = f", return {np.mean(returns_seen[-20:]):.1f}" if returns_seen else ""
         print(f"iteration {iteration}: SPS {int(global_step / (time.time() - start_time))}{ret}", flush=True)
 
     envs.close()
+    writer.close()
     steady = timings[1:] or timings
     print(f"SPS: {sum(b for b, _ in steady) / sum(t for _, t in steady):.0f} (agent steps/s, first iteration excluded)")

@@ -5,10 +5,17 @@
 Run directories are named ``{env_tag}__{exp_name}__{seed}__{timestamp}`` (the scripts' run_name); runs are grouped
 by (exp_name, env). Per group the table gives: the mean +- sample std over seeds of each run's mean return over its
 last 100 episodes (``charts/episodic_return``), steps reached (largest global_step logged, in agent steps), wall
-time (first to last event), SPS (median of the logged ``charts/SPS``), and reference scores from
-``benchmark/reference_scores.csv``. Runs still going, and runs with no finished episode yet ("-"), are shown.
-No wandb needed. (dqn_snake_vec.py logs ``charts/episodic_return`` as the mean over the games that ended in each
-log interval, so for Snake "last 100 episodes" means the last 100 logged points.)
+time (first to last event), SPS (median of the logged ``charts/SPS``), the run's status, and published reference
+scores from ``benchmark/reference_scores.csv``; a References section lists each env's references side by side
+with the environment they were measured on and their protocol, so a reader can see which one is comparable (ALE
+v5 with sticky actions is not NoFrameskip-v4). No wandb needed. (dqn_snake_vec.py logs ``charts/episodic_return``
+as the mean over the games that ended in each log interval, so for Snake "last 100 episodes" means the last 100
+logged points.)
+
+Status: a run's ``checkpoint.pt`` says how it stands (the scripts write "running" periodically, "stopped" when a
+signal stopped them, "finished" at the end): finished is "done", stopped is "stopped at X%" with the --resume
+command. A run whose checkpoint says running (or that has none) is "running" while its events are recent
+(--running-window) and "stale" after that: a crashed or killed run also leaves "running" behind.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ class Run:
     sps: float | None = None
     total_timesteps: int | None = None
     iteration_steps: int = 0  # num_envs x num_steps: a run may stop at the last whole iteration below the total
+    checkpoint: str | None = None  # path of checkpoint.pt, when the run has one
+    checkpoint_status: str | None = None  # running | stopped | finished, as the checkpoint says
+    checkpoint_step: int = 0
 
     @property
     def episodes(self) -> int:
@@ -54,14 +64,44 @@ class Run:
     def final_return(self, last_n: int) -> float | None:
         return float(np.mean(self.returns[-last_n:])) if len(self.returns) else None
 
-    def status(self, now: float, recent_s: float) -> str:
-        if self.total_timesteps and self.last_step + self.iteration_steps > max(self.total_timesteps - 1, 0):
+    def status(self, now: float, recent_s: float, long: bool = False) -> str:
+        """done | stopped (X%) | running (X%) | stale (X%); long: with the --resume command and the event age."""
+        step, total = max(self.last_step, self.checkpoint_step), self.total_timesteps
+        at = f"{math.floor(100.0 * step / total)}%" if total else f"step {step:,}"
+        resume = f"resume with --resume {self.checkpoint}" if self.checkpoint else ""
+        if self.checkpoint_status == "finished":
             return "done"
-        if self.total_timesteps:
-            pct = math.floor(100.0 * self.last_step / self.total_timesteps)
-            state = "running" if now - self.last_event < recent_s else "stopped"
-            return f"{state} ({pct}%)"
-        return "running" if now - self.last_event < recent_s else "?"
+        if self.checkpoint_status == "stopped":
+            return f"stopped at {at} ({resume})" if long else f"stopped ({at})"
+        if self.checkpoint_status is None and total and self.last_step + self.iteration_steps > max(total - 1, 0):
+            return "done"  # no checkpoint to ask: it reached its last whole iteration
+        if now - self.last_event < recent_s:
+            return f"running ({at})"
+        if not long:
+            return f"stale ({at})"
+        hint = "crashed or killed?" + (f"; {resume}" if resume else "")
+        return f"stale at {at}: no event for {fmt_time(now - self.last_event)} ({hint})"
+
+
+def read_checkpoint(run: Run) -> None:
+    """Status, step and total from runs/<run_name>/checkpoint.pt; torch is imported only when there is one."""
+    path = os.path.join(run.path, "checkpoint.pt")
+    if not os.path.isfile(path):
+        return
+    run.checkpoint = path
+    try:
+        import torch
+
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - an unreadable checkpoint leaves the status to the events
+        print(f"warning: could not read {path} ({type(exc).__name__}); status from the event files", file=sys.stderr)
+        return
+    status = ckpt.get("status")
+    run.checkpoint_status = status if status in ("running", "stopped", "finished") else None
+    run.checkpoint_step = int(ckpt.get("global_step") or 0)
+    total = (ckpt.get("args") or {}).get("total_timesteps")
+    if isinstance(total, int) and total > 0:
+        run.total_timesteps = total
 
 
 def find_run_dirs(root: str) -> list[str]:
@@ -122,19 +162,50 @@ def load_run(path: str) -> Run | None:
             envs, steps = hparams.get("num_envs", ""), hparams.get("num_steps", "1")  # DQN: one step per iteration
             if envs.isdigit() and steps.isdigit():
                 run.iteration_steps = int(envs) * int(steps)
+    read_checkpoint(run)
     return run
 
 
-def load_references(path: str) -> dict[str, list[tuple[str, str]]]:
-    refs: dict[str, list[tuple[str, str]]] = {}
+@dataclass
+class Reference:
+    score: str
+    source: str  # short name, e.g. "SLM-Lab v5 benchmark"
+    their_env: str = ""  # the environment they measured on, e.g. BreakoutNoFrameskip-v4
+    protocol: str = ""  # steps, sticky actions or not, how the score is averaged, seeds
+    url: str = ""
+
+
+def load_references(path: str) -> dict[str, list[Reference]]:
+    """env tag (ALE_Breakout-v5) -> references, from a CSV with env, score, source[, their_env, protocol, url]."""
+    refs: dict[str, list[Reference]] = {}
     if not path or not os.path.exists(path):
         return refs
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             env = (row.get("env") or "").strip()
             if env and not env.startswith("#"):
-                refs.setdefault(env.replace("/", "_"), []).append((row["score"].strip(), row["source"].strip()))
+                cells = {k: (row.get(k) or "").strip() for k in ("score", "source", "their_env", "protocol", "url")}
+                cells["their_env"] = cells["their_env"] or env
+                refs.setdefault(env.replace("/", "_"), []).append(Reference(**cells))
     return refs
+
+
+def same_env(env: str, ref: Reference) -> bool:
+    return ref.their_env.replace("/", "_") == env
+
+
+def references_section(envs: list[str], refs: dict[str, list[Reference]]) -> list[str]:
+    """Each env's references side by side: which environment each was measured on, and its protocol."""
+    lines = ["## References", ""]
+    rows = []
+    for env in envs:
+        for r in sorted(refs.get(env, []), key=lambda r: not same_env(env, r)):  # comparable ones first
+            where = "same as ours" if same_env(env, r) else f"{r.their_env} (not ours)"
+            source = f"[{r.source}]({r.url})" if r.url else r.source
+            rows.append(f"| {env} | {r.score} | {source} | {where} | {r.protocol or DASH} |")
+    if not rows:
+        return [*lines, "No published reference for these envs in the references file.", ""]
+    return [*lines, "| env | score | source | measured on | protocol |", "|---|---|---|---|---|", *rows, ""]
 
 
 def fmt_num(x: float | None, digits: int = 1) -> str:
@@ -252,11 +323,14 @@ def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s:
         if s["n_with_episodes"] < s["n"]:
             ret += f" ({s['n_with_episodes']}/{s['n']} runs with episodes)"
         steps = f"{s['steps_min']:,}" if s["steps_min"] == s["steps_max"] else f"{s['steps_min']:,}–{s['steps_max']:,}"
-        ref = "; ".join(f"{score} ({src})" for score, src in refs.get(env, [])) or DASH
+        ref = "; ".join(
+            f"{r.score} ({r.source}{'' if same_env(env, r) else ', ' + r.their_env})"
+            for r in sorted(refs.get(env, []), key=lambda r: not same_env(env, r))
+        )
         states = sorted({r.status(now, recent_s) for r in group})
         lines.append(
             f"| {exp} | {env} | {s['n']} | {ret} | {steps} | {fmt_time(s['wall_mean'])} | {fmt_num(s['sps'], 0)} "
-            f"| {ref} | {', '.join(states)} |"
+            f"| {ref or DASH} | {', '.join(states)} |"
         )
     lines += [
         "",
@@ -268,8 +342,9 @@ def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s:
     for r in sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name)):
         lines.append(
             f"| {r.name} | {r.episodes} | {fmt_num(r.final_return(last_n))} | {r.last_step:,} | "
-            f"{fmt_time(r.wall_time)} | {fmt_num(r.sps, 0)} | {r.status(now, recent_s)} |"
+            f"{fmt_time(r.wall_time)} | {fmt_num(r.sps, 0)} | {r.status(now, recent_s, long=True)} |"
         )
+    lines += ["", *references_section(sorted({r.env for r in runs}), refs)]
     return "\n".join(lines) + "\n"
 
 
@@ -281,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--last-n", type=int, default=100, help="episodes averaged at the end of each run")
     p.add_argument("--smooth", type=int, default=20, help="episodes in the curves' moving average")
     p.add_argument("--grid-points", type=int, default=200, help="points of the common step grid for curves")
-    p.add_argument("--running-window", type=float, default=600, help="seconds since last event to call a run running")
+    p.add_argument(
+        "--running-window", type=float, default=600, help="seconds since the last event within which a run is running"
+    )
     p.add_argument("--no-plots", action="store_true", help="write the table only")
     p.add_argument("--filter", default="", help="only runs whose directory name contains this text")
     args = p.parse_args(argv)

@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
-# Measure steady-state SPS of ppo_atari.py, ppo_continuous.py and dqn_snake_vec.py (defaults and one heavier
-# setting each) and the raw env ceilings, and write benchmark/results/throughput_<host>_<date>.md.
+# The throughput table of this machine: `python benchmark/speed.py table` (see its --help), written to
+# benchmark/results/throughput_<profile>_<host>_<date>.md. The profile is gpu when CUDA is present, else cpu.
 #
-#   benchmark/throughput.sh                         # a few minutes on a 2-core CPU machine
-#   BUDGET_SCALE=10 benchmark/throughput.sh         # 10x the step budgets (GPU machines)
-#   benchmark/throughput.sh --only ceilings --note "measured while other jobs ran"
+#   benchmark/throughput.sh                              # a few minutes on a 2-core CPU machine
+#   benchmark/throughput.sh --profile gpu                # the one-GPU table with its targets (about 8 minutes)
+#   BUDGET_SCALE=0.5 benchmark/throughput.sh --note "other jobs running"
 #
-# Knobs: BUDGET_SCALE (multiplies each run's step budget, default 1), RUN_TIMEOUT (seconds before a run is
-# stopped, default 240), CEILING_SECONDS (per ceiling, default 5), HOST_LABEL (machine name in the file name),
-# PYTHON. Any other arguments go to benchmark/throughput.py (see --help there).
+# Knobs: BUDGET_SCALE (multiplies every run's step budget, default 1), RUN_TIMEOUT (seconds before a run is
+# stopped, default 240), HOST_LABEL (machine name in the file name), PYTHON. Other arguments go to speed.py table.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
 fi
-exec "$PYTHON" benchmark/throughput.py --scale "${BUDGET_SCALE:-1}" --timeout "${RUN_TIMEOUT:-240}" \
-  --ceiling-seconds "${CEILING_SECONDS:-5}" "$@"
+exec "$PYTHON" benchmark/speed.py table --scale "${BUDGET_SCALE:-1}" --timeout "${RUN_TIMEOUT:-240}" "$@"

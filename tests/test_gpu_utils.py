@@ -23,9 +23,15 @@ def fake_gpus(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
 
-    monkeypatch.delenv("CUDA_OFFSET", raising=False)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for var in ("CUDA_OFFSET", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
     return fake
+
+
+def device(*args, **kwargs) -> torch.device:
+    chosen, why = select_device(*args, **kwargs)
+    assert why and "\n" not in why  # every choice comes with a one-line reason the scripts print
+    return chosen
 
 
 def test_rotate_round_robin_and_offset():
@@ -39,9 +45,9 @@ def test_rotate_round_robin_and_offset():
 
 def test_select_device_without_cuda(fake_gpus):
     fake_gpus(0)
-    assert select_device("auto") == torch.device("cpu")
-    assert select_device("false") == torch.device("cpu")
-    assert select_device(False) == torch.device("cpu")  # False is never device 0
+    assert device("auto") == torch.device("cpu")
+    assert device("false") == torch.device("cpu")
+    assert device(False) == torch.device("cpu")  # False is never device 0
     for bad in ("true", "0", "cuda:0", "cuda:7"):
         with pytest.raises(DeviceError) as err:
             select_device(bad)
@@ -54,12 +60,12 @@ def test_select_device_without_cuda(fake_gpus):
 
 def test_select_device_with_faked_gpus(fake_gpus, monkeypatch):
     fake_gpus(2)
-    assert [select_device("auto", session=s) for s in range(4)] == [torch.device("cuda", i) for i in (0, 1, 0, 1)]
-    assert select_device("true", session=0, cuda_offset=1) == torch.device("cuda", 1)
-    assert select_device("1") == torch.device("cuda", 1)
-    assert select_device("cuda:0") == torch.device("cuda", 0)
-    assert select_device(False) == torch.device("cpu")
-    assert select_device("false") == torch.device("cpu")
+    assert [device("auto", session=s) for s in range(4)] == [torch.device("cuda", i) for i in (0, 1, 0, 1)]
+    assert device("true", session=0, cuda_offset=1) == torch.device("cuda", 1)
+    assert device("1") == torch.device("cuda", 1)
+    assert device("cuda:0") == torch.device("cuda", 0)
+    assert device(False) == torch.device("cpu")
+    assert device("false") == torch.device("cpu")
     with pytest.raises(DeviceError) as err:
         select_device("cuda:7")
     assert str(err.value) == "--gpu cuda:7 asks for GPU 7 but this machine has 2 GPUs (0..1); pick another or auto"
@@ -70,14 +76,42 @@ def test_select_device_with_faked_gpus(fake_gpus, monkeypatch):
 def test_select_device_offset_env_and_local_rank(fake_gpus, monkeypatch):
     fake_gpus(8)
     monkeypatch.setenv("CUDA_OFFSET", "4")
-    assert [select_device("auto", session=s).index for s in range(4)] == [4, 5, 6, 7]
-    assert select_device("auto", session=0, cuda_offset=2).index == 2  # explicit offset beats the env var
+    assert [device("auto", session=s).index for s in range(4)] == [4, 5, 6, 7]
+    assert device("auto", session=0, cuda_offset=2).index == 2  # explicit offset beats the env var
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert select_device("auto", session=0).index == 7  # offset 4 + rank 3
-    assert select_device("auto", session=1).index == 0  # wraps around
+    assert device("auto", session=0).index == 7  # offset 4 + rank 3
+    assert device("auto", session=1).index == 0  # wraps around
     monkeypatch.setenv("CUDA_OFFSET", "x")
     with pytest.raises(DeviceError, match="CUDA_OFFSET"):
         select_device("auto")
+
+
+def test_torchrun_never_puts_two_processes_on_one_gpu(fake_gpus, monkeypatch):
+    fake_gpus(2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    placed = set()
+    for rank in range(2):
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        placed.add(device("auto").index)
+    assert placed == {0, 1}
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 processes on 2 GPUs: rank 2 would wrap onto GPU 0
+    with pytest.raises(DeviceError, match="4 processes on this node but it has 2 GPU"):
+        select_device("auto")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(DeviceError, match="would put all 2 torchrun processes on GPU 1"):
+        select_device("1")  # an explicit index ignores LOCAL_RANK
+    assert device("false") == torch.device("cpu")  # gloo on CPU: any number of processes
+
+
+def test_slurm_task_uses_its_own_gpus(fake_gpus, monkeypatch):
+    fake_gpus(2)  # SLURM gave this task 2 GPUs: CUDA_VISIBLE_DEVICES lists them, torch sees them as 0 and 1
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    monkeypatch.setenv("CUDA_OFFSET", "1")
+    chosen, why = select_device("auto", session=3)  # a sweep's session and offset would rotate: not under SLURM
+    assert chosen == torch.device("cuda", 0) and "SLURM job 42" in why
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert device("true", session=3) == torch.device("cuda", 1)
 
 
 def test_choose_batch_size():
@@ -136,6 +170,9 @@ def test_estimate_memory_nature_convnet_exact_weights():
     assert est.optimizer_state == 2 * params * 4
     assert est.cuda_context == 0  # the model is on the CPU: no CUDA context to count
     assert est.total == 4 * params * 4 + 1000 + 2000
+    on_gpu = gpu_utils.MemoryEstimate(1, 2, 3, 4, 5, 6, cuda_context=gpu_utils.CUDA_CONTEXT_BYTES)
+    assert on_gpu.total == 21  # the allocator's share only, comparable with torch.cuda.max_memory_allocated()
+    assert "outside the allocator" in str(on_gpu)
     assert gpu_utils.estimate_memory(model, "sgd").optimizer_state == 0
     text = str(est)
     assert "weights" in text and "total" in text and "MiB" in text
@@ -153,43 +190,64 @@ def test_estimate_memory_measures_activations():
 def _loss_and_model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-    x, y = torch.randn(37, 8), torch.randn(37, 1)
+    batch = (torch.randn(37, 8), torch.randn(37, 1))
 
-    def loss_fn(start: int, end: int) -> torch.Tensor:
-        return ((model(x[start:end]) - y[start:end]) ** 2).mean()
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        err = (model(x) - y) ** 2
+        return err.mean(), torch.stack([err.mean().detach(), err.max().detach()])
 
-    return model, loss_fn
+    return model, loss_fn, batch
 
 
-def test_backward_in_chunks_matches_full_backward():
-    model, loss_fn = _loss_and_model()
-    loss_fn(0, 37).backward()
+def test_accumulate_gradients_matches_full_backward():
+    model, loss_fn, batch = _loss_and_model()
+    loss, _ = loss_fn(*batch)
+    loss.backward()
     full = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    used = gpu_utils.backward_in_chunks(loss_fn, batch_size=37, chunk_size=8, parameters=list(model.parameters()))
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 5.0)  # stale gradients from an earlier minibatch are cleared, not added to
+    stats, used = gpu_utils.accumulate_gradients(loss_fn, batch, micro_batch=8, parameters=list(model.parameters()))
     assert used == 8
+    torch.testing.assert_close(stats[0], loss.detach())  # row-weighted means give the full minibatch's mean
     for g_full, p in zip(full, model.parameters()):
-        torch.testing.assert_close(p.grad, g_full, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)
 
 
-def test_backward_in_chunks_recovers_from_oom():
-    model, inner = _loss_and_model()
-    inner(0, 37).backward()
+def test_accumulate_gradients_recovers_from_oom():
+    model, inner, batch = _loss_and_model()
+    inner(*batch)[0].backward()
     full = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
+    for p in model.parameters():
+        p.grad = None
     calls = []
 
-    def loss_fn(start: int, end: int) -> torch.Tensor:
-        calls.append(end - start)
-        if end - start > 4 and start > 0:  # OOM part-way through, after some gradient has accumulated
+    def loss_fn(x: torch.Tensor, y: torch.Tensor, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(len(x))
+        if len(x) > 4 and row[0] > 0:  # OOM part-way through, after some gradient has accumulated
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return inner(start, end)
+        return inner(x, y)
 
-    used = gpu_utils.backward_in_chunks(loss_fn, batch_size=37, chunk_size=32, parameters=list(model.parameters()))
+    with_rows = (*batch, torch.arange(37))
+    _, used = gpu_utils.accumulate_gradients(loss_fn, with_rows, micro_batch=32, parameters=list(model.parameters()))
     assert used == 4  # 32 -> 16 -> 8 -> 4
     assert calls[:2] == [32, 5]
-    for g_full, p in zip(full, model.parameters()):
-        torch.testing.assert_close(p.grad, g_full, atol=1e-5, rtol=1e-5)
+    for g_full, p in zip(full, model.parameters()):  # the chunks done before each OOM were thrown away
+        torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)
+
+    def always_oom(*rows: torch.Tensor):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # one row that does not fit is a real error
+        gpu_utils.accumulate_gradients(always_oom, batch, micro_batch=8, parameters=list(model.parameters()))
+
+
+def test_parse_micro_batch():
+    assert gpu_utils.parse_micro_batch("auto", 256) == 256
+    assert gpu_utils.parse_micro_batch("64", 256) == 64
+    assert gpu_utils.parse_micro_batch("1000", 256) == 256
+    for bad in ("0", "-3", "half"):
+        with pytest.raises(BatchSizeError, match="--micro-batch"):
+            gpu_utils.parse_micro_batch(bad, 256)
 
 
 def test_enable_tf32_and_limit_threads_on_cpu(monkeypatch):
@@ -207,10 +265,120 @@ def test_enable_tf32_and_limit_threads_on_cpu(monkeypatch):
         gpu_utils.limit_threads(0)
 
 
+def test_cudnn_benchmark_only_without_determinism(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    try:
+        assert gpu_utils.enable_tf32(True, deterministic=True) is True
+        assert torch.backends.cudnn.benchmark is False and torch.backends.cudnn.deterministic is True
+        gpu_utils.enable_tf32(True, deterministic=False)
+        assert torch.backends.cudnn.benchmark is True and torch.backends.cudnn.deterministic is False
+    finally:
+        monkeypatch.undo()
+        gpu_utils.enable_tf32(False)
+
+
+def test_thread_budget(monkeypatch):
+    for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)
+    assert gpu_utils.thread_budget() == gpu_utils.ThreadBudget(8, "CPU affinity")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)  # taskset -c 2,3
+    assert gpu_utils.thread_budget() == gpu_utils.ThreadBudget(2, "CPU affinity")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    assert gpu_utils.thread_budget() == gpu_utils.ThreadBudget(6, "SLURM_CPUS_PER_TASK")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4,2")  # nested OpenMP syntax: the outer level counts
+    assert gpu_utils.thread_budget() == gpu_utils.ThreadBudget(4, "OMP_NUM_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "32")  # a variable above the affinity does not raise the budget
+    assert gpu_utils.thread_budget().threads == 6
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")  # nonsense values are ignored, never 0 threads
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "garbage")
+    assert gpu_utils.thread_budget().threads == 16
+    assert gpu_utils.thread_budget(3) == gpu_utils.ThreadBudget(3, "--num-threads")  # the flag wins
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(), raising=False)
+    assert gpu_utils.thread_budget().threads == 1
+    with pytest.raises(ValueError, match="--num-threads"):
+        gpu_utils.thread_budget(-1)
+
+
 def test_gpu_monitor_is_inert_on_cpu():
     with gpu_utils.GPUMonitor("cpu", interval=0.01) as monitor:
         assert monitor._thread is None
         assert monitor.collect() == {}
+
+
+class FakeNVML:
+    """Two NVML GPUs in PCI order; CUDA (torch) sees them in the other order, by UUID."""
+
+    class Rates:
+        def __init__(self, gpu):
+            self.gpu = gpu
+
+    class Memory:
+        used = 1024 * 2**20
+
+    def __init__(self, supported=True):
+        self.uuids = ["GPU-aaaa-1111", "GPU-bbbb-2222"]
+        self.supported = supported
+        self.queried = []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self.uuids[handle].encode()
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        raise RuntimeError(f"no device {uuid}")
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        if not self.supported:
+            raise RuntimeError("Not Supported")
+        self.queried.append(handle)
+        return self.Rates(70 + handle)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return self.Memory()
+
+
+def fake_cuda_uuid(monkeypatch, uuids):
+    class Props:
+        def __init__(self, uuid):
+            self.uuid = uuid
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props(uuids[i]))
+
+
+def test_gpu_monitor_finds_the_nvml_device_by_uuid(monkeypatch):
+    nvml = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    fake_cuda_uuid(monkeypatch, ["bbbb-2222", "aaaa-1111"])  # cuda:0 is NVML's device 1 (e.g. CUDA_DEVICE_ORDER)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb-2222,GPU-aaaa-1111")  # UUIDs: no index to map
+    with gpu_utils.GPUMonitor("cuda:0", interval=0.01) as monitor:
+        import time
+
+        time.sleep(0.1)
+        stats = monitor.collect()
+    assert set(nvml.queried) == {1} and stats["gpu/util_peak"] == 71 and stats["gpu/mem_peak_mib"] == 1024
+
+
+def test_gpu_monitor_says_once_when_it_cannot_sample(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(supported=False))  # e.g. a MIG instance
+    fake_cuda_uuid(monkeypatch, ["aaaa-1111"])
+    with gpu_utils.GPUMonitor("cuda:0", interval=0.01) as monitor:
+        assert monitor._thread is None and monitor.collect() == {}
+    out = capsys.readouterr().out
+    assert out.count("NVML cannot sample cuda:0") == 1 and "Not Supported" in out
 
 
 def test_cli_prints_machine_report(tmp_path):
@@ -235,9 +403,9 @@ def test_import_has_no_side_effects(tmp_path):
 
 @pytest.mark.gpu
 def test_select_device_true_and_tf32_on_gpu():
-    device = select_device("true")
-    assert device.type == "cuda"
-    major = torch.cuda.get_device_capability(device)[0]
+    gpu = device("true")
+    assert gpu.type == "cuda"
+    major = torch.cuda.get_device_capability(gpu)[0]
     assert gpu_utils.enable_tf32(True) is (major >= 8)
     gpu_utils.enable_tf32(False)
 
@@ -245,9 +413,9 @@ def test_select_device_true_and_tf32_on_gpu():
 @pytest.mark.gpu
 def test_gpu_monitor_samples_on_gpu():
     pytest.importorskip("pynvml")
-    device = select_device("true")
-    with gpu_utils.GPUMonitor(device, interval=0.02) as monitor:
-        x = torch.randn(2048, 2048, device=device)
+    gpu = device("true")
+    with gpu_utils.GPUMonitor(gpu, interval=0.02) as monitor:
+        x = torch.randn(2048, 2048, device=gpu)
         for _ in range(50):
             x = x @ x
             x = x / x.norm()
@@ -262,15 +430,15 @@ def test_gpu_monitor_samples_on_gpu():
 
 @pytest.mark.gpu
 def test_memory_estimate_bounds_real_peak():
-    device = select_device("true")
-    model = nature_convnet(4).to(device)
+    gpu = device("true")
+    model = nature_convnet(4).to(gpu)
     opt = torch.optim.Adam(model.parameters())
-    x = torch.zeros(256, 4, 84, 84, device=device)
+    x = torch.zeros(256, 4, 84, 84, device=gpu)
     est = gpu_utils.estimate_memory(model, "adam", batch_bytes=x.numel() * 4, example_input=x[:2], batch_size=256)
-    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.reset_peak_memory_stats(gpu)
     logits, value = model(x)
     (logits.sum() + value.sum()).backward()
     opt.step()
-    peak = torch.cuda.max_memory_allocated(device)
+    peak = torch.cuda.max_memory_allocated(gpu)
     assert est.cuda_context == gpu_utils.CUDA_CONTEXT_BYTES
-    assert peak <= est.total
+    assert est.total / 2 <= peak <= 2 * est.total  # allocator against allocator, within 2x

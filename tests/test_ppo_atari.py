@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
 sys.path.insert(0, str(ROOT))
+import gpu_utils  # noqa: E402
 import ppo_atari  # noqa: E402  (importing must have no side effects)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress-bar"]
@@ -29,7 +30,7 @@ def env_vars():
 
 
 def run(args, cwd, timeout=180, script=SCRIPT, prefix=()):
-    cmd = [sys.executable, *prefix, script, *args]
+    cmd = [sys.executable, *prefix, *([script] if script else []), *args]
     return subprocess.run(cmd, cwd=cwd, env=env_vars(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -94,7 +95,7 @@ def test_two_iterations_write_expected_keys(base_run):
         assert key in tags, key
     assert [s for s, _ in tags["charts/learning_rate"]] == [32, 64]
     assert [s for s, _ in tags["charts/SPS"]] == [64]  # warm-up iteration not counted
-    assert "memory estimate" in out.stdout and "1,686,693 parameters" in out.stdout
+    assert "memory estimate" in out.stdout and "1,686,693 parameters" in out.stdout and "device: cpu" in out.stdout
     assert (run_dir / "checkpoint.pt").exists() and (run_dir / "ppo_atari.model").exists()
 
 
@@ -129,11 +130,11 @@ def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
     assert "stopping on SIGTERM" in stdout
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     ckpt = torch.load(ckpt_path, weights_only=False)
-    assert ckpt["global_step"] < total and set(ckpt["rng"]) >= {"python", "numpy", "torch"}
+    assert ckpt["global_step"] < total and set(ckpt["rng"][0]) >= {"python", "numpy", "torch"}  # one per process
     assert ckpt["status"] == "stopped" and f"--resume runs/{ckpt['run_name']}/checkpoint.pt" in stdout
     out = run(["--resume", ckpt_path, "--no-progress-bar"], tmp_path)
     assert out.returncode == 0, out.stderr
-    assert f"done: global_step={total} iterations=60/60" in out.stdout
+    assert f"done: step {total}/{total} in" in out.stdout
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # same run dir
     steps = [s for s, _ in scalars(Path(ckpt_path).parent)["charts/learning_rate"]]
     assert steps[-1] == total and len(set(steps)) == 60
@@ -145,20 +146,22 @@ def test_eval_saved_model_and_checkpoint(base_run):
     for path in [run_dir / "ppo_atari.model", run_dir / "checkpoint.pt"]:
         out = run(["--eval-checkpoint", str(path), "--eval-episodes", "2", "--num-envs", "2"], cwd)
         assert out.returncode == 0, out.stderr
-        assert "mean_return=" in out.stdout and "std_return=" in out.stdout and "over 2 episodes" in out.stdout
+        assert (
+            "eval ALE/Breakout-v5: mean return" in out.stdout and "+-" in out.stdout and "over 2 episodes" in out.stdout
+        )
 
 
 def test_gymnasium_backend(tmp_path):
     out = run([*TINY, "--total-timesteps", "64", "--env-backend", "gymnasium"], tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "done: global_step=64" in out.stdout
+    assert "done: step 64/64 in" in out.stdout
 
 
 def test_torchrun_two_processes_gloo(tmp_path):
     prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
     out = run([*TINY, "--total-timesteps", "128", "--gpu", "false"], tmp_path, prefix=prefix)
     assert out.returncode == 0, out.stderr
-    assert "done: global_step=128 iterations=2/2" in out.stdout  # 2 processes x 2 envs x 16 steps per iteration
+    assert "done: step 128/128 in" in out.stdout  # 2 processes x 2 envs x 16 steps per iteration
     assert "weights identical on all 2 processes: True" in out.stdout
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # only rank 0 logs
 
@@ -210,3 +213,166 @@ def test_agent_view_recorder_writes_first_game(tmp_path):
     assert paths[:9] == [None] * 9 and paths[9].endswith("episode-0.mp4") and os.path.getsize(paths[9]) > 0
     assert recorder.add(frames[0], game_over=True) is not None  # episode 1 is on the cubic schedule too
     assert recorder.add(frames[0], game_over=True) is None  # episode 2 is not
+
+
+# ---------------------------------------------------------------- the trust review's defects
+
+
+class FakeGames:
+    """A vector env whose env i plays games of the lengths in games[i], in turn, scoring 1 point per step."""
+
+    def __init__(self, games):
+        self.games = games
+        self.num_envs = len(games)
+        self.played = [0] * self.num_envs
+        self.t = np.zeros(self.num_envs, dtype=int)
+
+    def obs(self):
+        return np.zeros((self.num_envs, 4, 84, 84), dtype=np.uint8)
+
+    def reset(self, seed=None):
+        return self.obs(), {"lives": np.ones(self.num_envs)}
+
+    def step(self, actions):
+        self.t += 1
+        lengths = [g[min(p, len(g) - 1)] for g, p in zip(self.games, self.played)]
+        over = self.t >= np.array(lengths)
+        for i in np.flatnonzero(over):
+            self.played[i] += 1
+            self.t[i] = 0
+        return (
+            self.obs(),
+            np.ones(self.num_envs),
+            over,
+            np.zeros(self.num_envs, bool),
+            {"lives": np.ones(self.num_envs)},
+        )
+
+
+def test_evaluate_counts_each_envs_first_game():
+    # env 0 plays short games, env 1 one long game: the old "first N games to finish" would count env 0 twice
+    envs = FakeGames([[2, 2, 2, 2, 2], [9], [3, 50]])
+    scores = ppo_atari.evaluate(envs, lambda x: torch.zeros(len(x), dtype=torch.long), torch.device("cpu"), seed=0)
+    assert scores.tolist() == [2.0, 9.0, 3.0] and scores.mean() == pytest.approx(14 / 3)
+
+
+def test_time_limit_bootstraps_from_the_final_observation():
+    """A game cut short by the frame cap (truncated, not over) is a done for GAE, but its reward carries
+    gamma * V(last observation): the game did not end there."""
+    args = ppo_atari.Args(max_episode_frames=200)  # 50 agent steps
+    envs = ppo_atari.make_envs(args, 2, 1)
+    agent = ppo_atari.Agent(envs.single_action_space.n)
+    torch.nn.init.constant_(agent.critic.bias, 3.0)  # a value far from 0, so a missing bootstrap shows
+    obs, info = envs.reset(seed=1)
+    steps = 0
+    truncated = np.zeros(2, dtype=bool)
+    while not truncated.any() and steps < 60:
+        obs, reward, terminated, truncated, info = envs.step(np.zeros(2, dtype=np.int64))
+        steps += 1
+    assert truncated.all() and not terminated.any() and steps == 50
+    values = ppo_atari.final_values(agent, info["final_obs"], truncated, terminated, torch.device("cpu"))
+    with torch.no_grad():
+        expected = agent(torch.as_tensor(info["final_obs"]))[1].numpy()
+    np.testing.assert_allclose(values, expected, rtol=1e-6)
+    assert not np.allclose(expected, agent(torch.as_tensor(obs))[1].detach().numpy())  # not the new game's obs
+    cut_and_over = ppo_atari.final_values(agent, info["final_obs"], truncated, np.array([True, False]), "cpu")
+    assert cut_and_over[0] == 0.0 and cut_and_over[1] == pytest.approx(expected[1])  # a real game over: no bootstrap
+    envs.close()
+
+
+def test_time_limited_run_reports_cut_games(tmp_path):
+    out = run([*TINY, "--total-timesteps", "256", "--num-steps", "64", "--max-episode-frames", "200"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lengths = [v for _, v in scalars(glob.glob(str(tmp_path / "runs" / "*"))[0])["charts/episodic_length"]]
+    assert lengths and max(lengths) <= 50
+
+
+def test_amp_keeps_the_first_minibatch_ratio_at_one(tmp_path):
+    out = run([*TINY, "--total-timesteps", "64", "--amp"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    errors = [v for _, v in scalars(glob.glob(str(tmp_path / "runs" / "*"))[0])["losses/initial_ratio_error"]]
+    assert len(errors) == 2 and max(errors) < 1e-6
+
+
+def test_torchrun_resume_restores_every_process_rng(tmp_path):
+    """Sampling noise and shuffles consume the same random numbers every iteration, so a run stopped after 2 of 3
+    iterations and resumed must end with the RNG states of the run that went straight through, on every process."""
+    prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    args = [*TINY, "--gpu", "false", "--checkpoint-every", "1"]
+    (tmp_path / "full").mkdir()
+    (tmp_path / "part").mkdir()
+    assert run([*args, "--total-timesteps", "192"], tmp_path / "full", prefix=prefix).returncode == 0
+    assert run([*args, "--total-timesteps", "128"], tmp_path / "part", prefix=prefix).returncode == 0
+    (part,) = glob.glob(str(tmp_path / "part" / "runs" / "*" / "checkpoint.pt"))
+    ckpt = torch.load(part, weights_only=True)
+    ckpt["args"]["total_timesteps"] = 192  # continue the stopped run for one more iteration
+    torch.save(ckpt, part)
+    out = run(["--resume", part, "--gpu", "false", "--no-progress-bar"], tmp_path / "part", prefix=prefix)
+    assert out.returncode == 0, out.stderr
+    (full,) = glob.glob(str(tmp_path / "full" / "runs" / "*" / "checkpoint.pt"))
+    rng_full = torch.load(full, weights_only=True)["rng"]
+    rng_part = torch.load(part, weights_only=True)["rng"]
+    assert len(rng_full) == len(rng_part) == 2 and not torch.equal(rng_full[0]["torch"], rng_full[1]["torch"])
+    for rank in range(2):
+        assert torch.equal(rng_full[rank]["torch"], rng_part[rank]["torch"]), f"rank {rank}"
+
+
+def test_micro_batches_give_the_full_minibatch_gradient():
+    torch.manual_seed(0)
+    agent = ppo_atari.Agent(4)
+    n = 24
+    batch = (
+        torch.randint(0, 255, (n, 4, 84, 84), dtype=torch.uint8),
+        torch.randint(0, 4, (n,)),
+        torch.log(torch.full((n,), 0.25)) + 0.1 * torch.randn(n),
+        torch.randn(n),
+        torch.randn(n),
+        torch.randn(n),
+    )
+
+    def loss(*rows):
+        return ppo_atari.ppo_loss(agent, *rows, 0.1, 0.01, 0.5, True)
+
+    full_loss, full_stats = loss(*batch)
+    full_loss.backward()
+    full = [p.grad.clone() for p in agent.parameters()]
+    stats, used = gpu_utils.accumulate_gradients(loss, batch, 5, list(agent.parameters()))
+    assert used == 5
+    torch.testing.assert_close(stats, full_stats, atol=1e-5, rtol=1e-5)
+    for g, p in zip(full, agent.parameters()):
+        torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
+
+
+INJECT_OOM = """
+import runpy, sys, torch
+limit = int(sys.argv.pop(1))
+conv_forward = torch.nn.Conv2d.forward
+def forward(self, x):  # a GPU that cannot hold more than `limit` rows of the update
+    if torch.is_grad_enabled() and x.shape[0] > limit:
+        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (injected above {limit} rows)")
+    return conv_forward(self, x)
+torch.nn.Conv2d.forward = forward
+script = sys.argv.pop(1)
+sys.argv[0] = script
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_path):
+    args = [*TINY, "--total-timesteps", "96", "--save-model"]  # 3 iterations, minibatches of 16 rows
+    models = {}
+    for name, extra, prefix in [
+        ("oom", [], ["-c", INJECT_OOM, "5", SCRIPT]),
+        ("micro", ["--micro-batch", "4"], []),
+        ("whole", [], []),
+    ]:
+        (tmp_path / name).mkdir()
+        out = run([*args, *extra], tmp_path / name, prefix=prefix, script="" if prefix else SCRIPT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        models[name] = torch.load(glob.glob(str(tmp_path / name / "runs" / "*" / "ppo_atari.model"))[0])["model"]
+        if name == "oom":
+            assert "CUDA out of memory at 16 rows, now 4 rows per backward pass" in out.stdout
+            assert scalars(glob.glob(str(tmp_path / name / "runs" / "*"))[0])["memory/micro_batch"][0][1] == 4
+    for key, weight in models["whole"].items():
+        assert torch.equal(models["oom"][key], models["micro"][key]), key  # the same micro-batches, same numbers
+        torch.testing.assert_close(models["oom"][key], weight, atol=1e-5, rtol=1e-4)  # = the whole minibatch's

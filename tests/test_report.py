@@ -1,5 +1,6 @@
-"""Tests for benchmark/: report.py on synthetic TensorBoard runs (the sweep scripts are tested in test_sweeps.py)."""
+"""Tests for benchmark/report.py on synthetic TensorBoard runs and checkpoints, and for the reference scores file."""
 
+import csv
 import os
 import subprocess
 import sys
@@ -13,9 +14,6 @@ from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmark")
-
-
-# ---------------------------------------------------------------- report.py
 
 
 def write_run(root, name, returns=(), return_steps=None, sps=(), sps_steps=None, total=None, t0=1000.0, dt=1.0):
@@ -33,6 +31,13 @@ def write_run(root, name, returns=(), return_steps=None, sps=(), sps_steps=None,
         w.add_scalar("charts/SPS", value, step, walltime=t0 + k * dt)
         k += 1
     w.close()
+
+
+def write_checkpoint(run_dir, status, global_step, total):
+    """The checkpoint contract of the scripts: status, global_step, iteration, args (with total_timesteps)."""
+    state = {"status": status, "global_step": global_step, "iteration": global_step // 100}
+    state["args"] = {"total_timesteps": total, "num_envs": 1}
+    torch.save(state, os.path.join(run_dir, "checkpoint.pt"))
 
 
 def run_report(*args):
@@ -65,7 +70,12 @@ def report(tmp_path_factory):
     # Not a run directory name: skipped.
     write_run(runs, "scratch", returns=[1.0])
     refs = tmp / "refs.csv"
-    refs.write_text("env,score,source\nALE/Breakout-v5,274.8,test paper\nHalfCheetah-v5,1500,test target\n")
+    refs.write_text(
+        "env,score,source,their_env,protocol\n"
+        "ALE/Breakout-v5,274.8,test paper,BreakoutNoFrameskip-v4,v4 protocol\n"
+        "ALE/Breakout-v5,326.5,test lab,,v5 protocol\n"
+        "HalfCheetah-v5,1442.6,test cleanrl,HalfCheetah-v4,\n"
+    )
     out = tmp / "out"
     res = run_report(runs, "--out", out, "--refs", refs)
     assert res.returncode == 0, res.stderr
@@ -83,7 +93,7 @@ def test_report_group_numbers(report):
     assert row[4] == "15,000"
     assert row[5] == "2m32s"  # 150 returns + 3 SPS events one second apart: 152 s
     assert row[6] == "250"  # mean over seeds of the median SPS (200 and 300)
-    assert row[7] == "274.8 (test paper)"
+    assert row[7] == "326.5 (test lab); 274.8 (test paper, BreakoutNoFrameskip-v4)"  # the comparable one first
     assert row[8] == "done"
     assert res.stdout.startswith("| script")
 
@@ -100,12 +110,23 @@ def test_report_in_progress_and_no_episodes(report):
     assert cheetah[3].startswith("- (0/1 runs")
     assert cheetah[4] == "16,384"
     assert cheetah[6] == "1,234"
-    assert cheetah[7] == "1500 (test target)"
+    assert cheetah[7] == "1442.6 (test cleanrl, HalfCheetah-v4)"
     per_run = table_row(text, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003")
     assert per_run[1] == "0" and per_run[2] == "-"
     seed2 = table_row(text, "ALE_Breakout-v5__ppo_atari__2__1700000001")
     assert seed2[2] == "109.5"
     assert "scratch" in text.split("Skipped")[1]
+
+
+def test_report_references_side_by_side(report):
+    """Each env's references in one section: the env each was measured on (ours or not) and the protocol."""
+    _, out = report
+    refs = (out / "report.md").read_text().split("## References")[1].split("## Learning curves")[0]
+    assert table_row(refs, "ALE_Breakout-v5", "274.8")[2:] == ["test paper", "BreakoutNoFrameskip-v4 (not ours)",
+                                                               "v4 protocol"]  # fmt: skip
+    assert table_row(refs, "ALE_Breakout-v5", "326.5")[2:] == ["test lab", "same as ours", "v5 protocol"]
+    assert table_row(refs, "HalfCheetah-v5", "1442.6")[3:] == ["HalfCheetah-v4 (not ours)", "-"]
+    assert "ALE_Pong-v5" not in refs  # no reference for Pong in this file
 
 
 def test_report_curves(report):
@@ -140,28 +161,8 @@ def test_report_curve_interpolation():
     assert np.allclose(ys[1, :2], [2, 2]) and np.isnan(ys[1, 2])  # b has not reached step 100
 
 
-# ---------------------------------------------------------------- throughput.py
-
-
-def test_throughput_helpers(tmp_path):
-    sys.path.insert(0, BENCH)
-    try:
-        import throughput
-    finally:
-        sys.path.remove(BENCH)
-    write_run(tmp_path, "r", sps=[10, 200, 300, 250], sps_steps=[1, 2, 3, 4])
-    assert throughput.read_sps(str(tmp_path / "r")) == [10, 200, 300, 250]
-    info = throughput.machine_info()
-    assert {"CPU", "GPU", "torch", "date"} <= set(info)
-    assert throughput.atari_ceiling(2, 0.2) > 0
-    res = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "throughput.py"), "--only", "nope"], capture_output=True, text=True
-    )
-    assert res.returncode == 2 and res.stderr.startswith("error: --only")
-
-
 def test_report_done_at_last_whole_iteration(tmp_path):
-    """10,000 steps in iterations of 4 x 1,024: a finished run stops at 8,192 and is 'done', not 'stopped (81%)'."""
+    """10,000 steps in iterations of 4 x 1,024: a finished run stops at 8,192 and is 'done', not 'stale (81%)'."""
     for seed, last in ((1, 8192), (2, 4096)):
         w = SummaryWriter(str(tmp_path / "runs" / f"HalfCheetah-v5__ppo_continuous__{seed}__1700000000"))
         w.add_text("hyperparameters", "|param|value|\n|-|-|\n|total_timesteps|10000|\n|num_envs|4|\n|num_steps|1024|")
@@ -172,4 +173,49 @@ def test_report_done_at_last_whole_iteration(tmp_path):
     assert res.returncode == 0, res.stderr
     text = (tmp_path / "out" / "report.md").read_text()
     assert table_row(text, "HalfCheetah-v5__ppo_continuous__1__1700000000")[-1] == "done"
-    assert table_row(text, "HalfCheetah-v5__ppo_continuous__2__1700000000")[-1] == "stopped (40%)"
+    # no checkpoint and no event for a long time: not "running", and not "stopped" (nothing says a signal did it)
+    assert table_row(text, "HalfCheetah-v5__ppo_continuous__2__1700000000")[-1].startswith("stale at 40%: no event for")
+
+
+def test_report_status_from_checkpoints(tmp_path):
+    """The checkpoint's status wins over the event files: stopped, finished, running (recent or stale)."""
+    runs, now = tmp_path / "runs", time.time()
+    cases = {  # name: (checkpoint status, its global_step, events' last step, events' age in s)
+        "ALE_Pong-v5__ppo_atari__1__1700000000": ("stopped", 4000, 4000, 5),
+        "ALE_Pong-v5__ppo_atari__2__1700000000": ("finished", 9900, 9900, 5),  # finished below the total: still done
+        "ALE_Pong-v5__ppo_atari__3__1700000000": ("running", 2000, 2000, 5),
+        "ALE_Pong-v5__ppo_atari__4__1700000000": ("running", 3000, 3100, 7200),  # crashed: the checkpoint never knew
+        "ALE_Pong-v5__ppo_atari__5__1700000000": ("running", 10000, 10000, 7200),  # crashed after the last iteration
+    }
+    for name, (status, ckpt_step, last_step, age) in cases.items():
+        write_run(runs, name, returns=[1.0], return_steps=[last_step], t0=now - age)
+        write_checkpoint(runs / name, status, ckpt_step, 10000)
+    res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    status = {name: table_row(text, name)[-1] for name in cases}
+    ckpt = os.path.join(str(runs), "ALE_Pong-v5__ppo_atari__1__1700000000", "checkpoint.pt")
+    assert status["ALE_Pong-v5__ppo_atari__1__1700000000"] == f"stopped at 40% (resume with --resume {ckpt})"
+    assert status["ALE_Pong-v5__ppo_atari__2__1700000000"] == "done"
+    assert status["ALE_Pong-v5__ppo_atari__3__1700000000"] == "running (20%)"
+    stale = status["ALE_Pong-v5__ppo_atari__4__1700000000"]
+    assert stale.startswith("stale at 31%: no event for 2h00m (crashed or killed?; resume with --resume ")
+    assert status["ALE_Pong-v5__ppo_atari__5__1700000000"].startswith("stale at 100%")
+    group = table_row(text, "ppo_atari", "ALE_Pong-v5")[-1]  # the group table: short forms
+    assert group == "done, running (20%), stale (100%), stale (31%), stopped (40%)"
+
+
+def test_reference_scores_file():
+    """Published results only, each with its source, the env it was measured on, a protocol and an address."""
+    with open(os.path.join(BENCH, "reference_scores.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["score"] and r["source"] and r["their_env"] and r["protocol"] for r in rows)
+    assert all(r["url"].startswith("https://") for r in rows)
+    assert not [r for r in rows if "target" in r["source"].lower() or "target" in r["protocol"].lower()]
+    for r in rows:
+        float(r["score"])
+    slm = {r["env"]: float(r["score"]) for r in rows if r["source"].startswith("SLM-Lab")}
+    assert slm["ALE/Breakout-v5"] == 326.47 and slm["ALE/Qbert-v5"] == 15460.48 and len(slm) == 8
+    assert all(r["their_env"] == r["env"] for r in rows if r["source"].startswith("SLM-Lab"))  # the same v5 envs
+    v4 = [r for r in rows if "NoFrameskip-v4" in r["their_env"]]
+    assert v4 and all("no sticky actions" in r["protocol"] for r in v4)

@@ -1,0 +1,912 @@
+"""How fast the gpu-rl scripts run, measured one way, with the machine and the command named on every table.
+
+    python benchmark/speed.py run ppo_atari.py --steps 6144 -- --env-id ALE/Pong-v5   # one setting, one SPS
+    python benchmark/speed.py ceiling --atari-envs 16 64 --snake-sizes 4096 65536     # the environments alone
+    python benchmark/speed.py compare atari --repeats 2       # ours against the CleanRL-style baseline
+    python benchmark/speed.py table                           # throughput table -> benchmark/results/
+    python benchmark/speed.py table --profile gpu             # the one-GPU table with its targets (~8 min, H100)
+    python benchmark/speed.py concurrency --copies 1 2 4      # 1, 2, 4 copies at once: total SPS vs one alone
+
+Training runs get a fixed step budget (--total-timesteps) in a temporary folder and are stopped with SIGTERM past
+--timeout. SPS is read one way: the median of the run's ``charts/SPS`` TensorBoard scalars (every script, the
+baselines too, logs it per iteration or log window after a warm-up one). GPU runs add ``gpu/util_mean`` (mean over
+the iterations that have an SPS), ``gpu/util_peak`` (max), ``memory/peak_allocated_mib`` and
+``memory/estimated_mib``. A run that fails, times out or logs no SPS shows as such with the last lines of its
+stderr, never as a number. Ceilings step the environments alone with random actions: ``ale_py.AtariVectorEnv``
+with the v5 settings of ppo_atari.make_envs (agent steps/s) and dqn_snake_vec.VecSnake (env steps/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OURS = ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py")
+DASH = "-"
+
+
+# ---------------------------------------------------------------- settings and results
+
+
+@dataclass
+class Setting:
+    """One script at one setting. Budget: max(min_iters, round(iters * scale)) iterations of `batch` steps."""
+
+    key: str  # short id used by --only and by the targets
+    label: str
+    script: str  # path relative to the repository root
+    args: list[str]
+    batch: int  # steps per iteration (per log window for dqn_snake_vec.py)
+    iters: int
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    min_iters: int = 2  # the scripts log SPS from the second iteration (window) on
+
+    def steps(self, scale: float) -> int:
+        return self.batch * max(self.min_iters, round(self.iters * scale))
+
+    def argv(self, scale: float) -> list[str]:
+        extra = ["--no-progress-bar"] if os.path.basename(self.script) in OURS else []
+        return [self.script, *self.args, "--total-timesteps", str(self.steps(scale)), *extra]
+
+    def shown(self, scale: float) -> str:
+        prefix = "".join(f"{k}={v} " for k, v in self.env.items())
+        return prefix + "python " + shlex.join(self.argv(scale))
+
+
+@dataclass
+class Result:
+    label: str
+    how: str  # the command, or what a ceiling stepped
+    status: str = "ok"  # ok | failed (exit N) | timed out after N s | no charts/SPS logged | skipped: ...
+    sps: float | None = None
+    unit: str = "SPS"
+    steps: int | None = None
+    wall: float | None = None
+    n_sps: int = 0
+    cpu_s: float | None = None  # user + system CPU seconds of the process
+    util_mean: float | None = None
+    util_peak: float | None = None
+    peak_mib: float | None = None
+    estimated_mib: float | None = None
+    tail: str = ""  # last lines of stderr when not ok
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.sps is not None
+
+
+def read_metrics(run_dir: str) -> dict[str, float | int | None]:
+    """SPS and GPU figures from one run's TensorBoard events (the one way this tool reads SPS)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags().get("scalars", []))
+
+    def series(tag: str) -> dict[int, float]:
+        return {e.step: e.value for e in acc.Scalars(tag)} if tag in tags else {}
+
+    sps, util, peak = series("charts/SPS"), series("gpu/util_mean"), series("gpu/util_peak")
+    steady = [v for step, v in util.items() if step in sps] or list(util.values())
+    steady_peak = [v for step, v in peak.items() if step in sps] or list(peak.values())
+    memory = {tag: series(tag) for tag in ("memory/peak_allocated_mib", "memory/estimated_mib")}
+    last = {tag: values[max(values)] if values else None for tag, values in memory.items()}
+    return {
+        "sps": statistics.median(sps.values()) if sps else None,
+        "n_sps": len(sps),
+        "util_mean": statistics.fmean(steady) if steady else None,
+        "util_peak": max(steady_peak) if steady_peak else None,
+        "peak_mib": last["memory/peak_allocated_mib"],
+        "estimated_mib": last["memory/estimated_mib"],
+    }
+
+
+def find_run_dir(root: str) -> str | None:
+    for dirpath, _, files in sorted(os.walk(os.path.join(root, "runs"))):
+        if any(f.startswith("events.out.tfevents") for f in files):
+            return dirpath
+    return None
+
+
+def last_lines(path: str, n: int = 6) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.rstrip() for line in f if line.strip()]
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+# ---------------------------------------------------------------- running scripts
+
+
+def thread_budget(copies: int, allowed: list[int]) -> list[list[int]]:
+    """The sweep scripts' rule: P allowed CPUs, C copies at once, k = max(1, P // C); copy s gets cores
+    [s*k, s*k+k) of the allowed list, or core s % P when C > P."""
+    p = len(allowed)
+    k = max(1, p // copies)
+    return [[allowed[s % p]] if copies > p else allowed[s * k : s * k + k] for s in range(copies)]
+
+
+def launch(setting: Setting, scale: float, cores: list[int] | None) -> tuple[list[str], dict[str, str], str]:
+    """The command, its environment and how it reads; with `cores`, pinned with taskset and told k threads."""
+    cmd = [sys.executable, os.path.join(ROOT, setting.script), *setting.argv(scale)[1:]]
+    env, shown = {**os.environ, "WANDB_MODE": "disabled", **setting.env}, setting.shown(scale)
+    if cores is not None:
+        k, listed = str(len(cores)), ",".join(map(str, cores))
+        env.update(OMP_NUM_THREADS=k, MKL_NUM_THREADS=k)
+        cmd = ["taskset", "-c", listed, *cmd]
+        shown = f"OMP_NUM_THREADS={k} MKL_NUM_THREADS={k} taskset -c {listed} {shown}"
+    return cmd, env, shown
+
+
+class Run:
+    """One script started in its own temporary folder (and process group); poll() until it has ended."""
+
+    def __init__(self, setting: Setting, scale: float, timeout: float, cores: list[int] | None = None):
+        self.setting, self.scale, self.timeout = setting, scale, timeout
+        self.tmp = tempfile.mkdtemp(prefix="speed_")
+        cmd, env, self.how = launch(setting, scale, cores)
+        with open(os.path.join(self.tmp, "stdout"), "w") as out, open(os.path.join(self.tmp, "stderr"), "w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out, stderr=err, start_new_session=True)
+        self.start, self.stop_sent, self.kill_at = time.perf_counter(), False, None
+        self.wall = self.status = self.usage = None
+
+    def poll(self) -> bool:
+        """True once the process has ended; past the timeout it gets SIGTERM (the scripts stop cleanly), 30 s later
+        SIGKILL for its whole process group."""
+        if self.status is not None:
+            return True
+        pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        now = time.perf_counter()
+        if pid:
+            self.wall, self.status, self.usage = now - self.start, status, usage
+            self.proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; Popen must not wait again
+            return True
+        if not self.stop_sent and now - self.start > self.timeout:
+            self._signal(signal.SIGTERM)
+            self.stop_sent, self.kill_at = True, now + 30
+        elif self.kill_at is not None and now > self.kill_at:
+            self._signal(signal.SIGKILL)
+            self.kill_at = None
+        return False
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def result(self) -> Result:
+        rc = self.proc.returncode
+        res = Result(self.setting.label, self.how, steps=self.setting.steps(self.scale), wall=self.wall)
+        res.cpu_s = self.usage.ru_utime + self.usage.ru_stime
+        run_dir = find_run_dir(self.tmp)
+        if self.stop_sent:
+            res.status = f"timed out after {self.timeout:.0f} s"
+        elif rc != 0:
+            res.status = f"failed (exit {rc})" if rc > 0 else f"killed by {signal.Signals(-rc).name}"
+        elif run_dir is None:
+            res.status = "no event file written"
+        if run_dir is not None and res.status == "ok":
+            for key, value in read_metrics(run_dir).items():
+                setattr(res, key, value)
+            if res.sps is None:
+                res.status = "no charts/SPS logged (budget below two iterations?)"
+        if res.status != "ok":
+            res.tail = last_lines(os.path.join(self.tmp, "stderr")) or last_lines(os.path.join(self.tmp, "stdout"))
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return res
+
+
+def run_together(runs: list[Run]) -> list[Result]:
+    try:
+        while not all([r.poll() for r in runs]):  # a list, so every run is polled each round
+            time.sleep(0.05)
+    except BaseException:  # Ctrl-C reaches only this tool: the runs have process groups of their own
+        for r in runs:
+            if r.status is None:
+                r._signal(signal.SIGTERM)
+        raise
+    return [r.result() for r in runs]
+
+
+def run_setting(setting: Setting, scale: float, timeout: float, cores: list[int] | None = None) -> Result:
+    return run_together([Run(setting, scale, timeout, cores)])[0]
+
+
+# ---------------------------------------------------------------- ceilings
+
+
+def atari_env(num_envs: int, threads: int, game: str = "breakout"):
+    """ale_py.AtariVectorEnv with the v5 settings of ppo_atari.make_envs (sticky actions, frameskip 4, 84x84x4)."""
+    import ale_py
+
+    return ale_py.AtariVectorEnv(
+        game, num_envs, repeat_action_probability=0.25, full_action_space=False, num_threads=threads,
+        autoreset_mode="SameStep", frameskip=4, maxpool=True, img_height=84, img_width=84, grayscale=True,
+        stack_num=4, noop_max=30, use_fire_reset=True, episodic_life=False, life_loss_info=False,
+        reward_clipping=False, max_num_frames_per_episode=108000,
+    )  # fmt: skip
+
+
+def atari_ceiling(num_envs: int, threads: int, seconds: float, game: str = "breakout") -> float:
+    """AtariVectorEnv agent steps/s with random actions."""
+    import numpy as np
+
+    env = atari_env(num_envs, threads, game)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, env.single_action_space.n, (64, num_envs))
+    for i in range(10):
+        env.step(actions[i])
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        env.step(actions[steps // num_envs % 64])
+        steps += num_envs
+    rate = steps / (time.perf_counter() - t0)
+    env.close()
+    return rate
+
+
+def snake_ceiling(num_envs: int, device: str, seconds: float, mode: str = "dense") -> float:
+    """VecSnake 10x10 env steps/s with random actions: the median of 16-step windows (CUDA synchronised)."""
+    import torch
+
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from dqn_snake_vec import VecSnake
+
+    env = VecSnake(num_envs, 10, 10, device=device, seed=0, mode=mode)
+    env.reset()
+    gen = torch.Generator(device).manual_seed(0)
+    actions = torch.randint(0, 4, (16, num_envs), device=device, generator=gen)  # drawn once, cycled
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    for i in range(10):
+        env.step(actions[i])
+    sync()
+    rates, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end or len(rates) < 3:
+        t0 = time.perf_counter()
+        for i in range(16):
+            env.step(actions[i])
+        sync()
+        rates.append(16 * num_envs / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def measure_ceiling(label: str, how: str, unit: str, fn, *args) -> Result:
+    print(f"[speed] {label} ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        rate, status = fn(*args), "ok"
+    except Exception as exc:  # noqa: BLE001 - a failed measurement is a row, not the end of the table
+        rate, status = None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+    res = Result(label, how, status=status, sps=rate, unit=unit, wall=time.perf_counter() - t0)
+    print(f"[speed]   {fmt(rate)} {unit}" if rate else f"[speed]   {status}", flush=True)
+    return res
+
+
+def atari_row(n: int, threads: int, seconds: float) -> Result:
+    label = f"ceiling: AtariVectorEnv Breakout, {n} envs, {threads} threads"
+    return measure_ceiling(label, "random actions, v5 settings", "agent steps/s", atari_ceiling, n, threads, seconds)
+
+
+def snake_row(n: int, device: str, mode: str, seconds: float) -> Result:
+    label = f"ceiling: VecSnake 10x10, {n:,} games, {device}, {mode}"
+    return measure_ceiling(label, "random actions", "env steps/s", snake_ceiling, n, device, seconds, mode)
+
+
+# ---------------------------------------------------------------- the machine and the tables
+
+
+def allowed_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def machine_info() -> dict[str, str]:
+    """The machine, in one place: every table this tool writes starts with it."""
+    import torch
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
+    info = {
+        "host": socket.gethostname(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "CPU": f"{cpu}, {os.cpu_count()} logical cores, {len(allowed_cpus())} allowed to this process",
+        "GPU": ", ".join(gpus) or "none",
+        "torch": torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""),
+        "python": platform.python_version(),
+    }
+    try:
+        import ale_py
+
+        info["ale-py"] = ale_py.__version__
+    except ImportError:
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load average at start (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    return info
+
+
+def fmt(x: float | None, digits: int = 0) -> str:
+    return DASH if x is None else f"{x:,.{digits}f}"
+
+
+def md_table(header: str, rows: list[list[str]]) -> list[str]:
+    """A markdown table; header: the column names joined by " | "."""
+    cell = lambda c: str(c).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    return [f"| {header} |", "|" + "---|" * len(header.split(" | "))] + [
+        "| " + " | ".join(cell(c) for c in row) + " |" for row in rows
+    ]
+
+
+def results_table(results: list[Result]) -> list[str]:
+    rows = []
+    for r in results:
+        util = f"{r.util_mean:.0f}% / {r.util_peak:.0f}%" if r.util_mean is not None else DASH
+        mem = f"{fmt(r.peak_mib)} / {fmt(r.estimated_mib)}" if r.peak_mib or r.estimated_mib else DASH
+        rate = f"{fmt(r.sps)} {r.unit}" if r.ok else DASH
+        how = f"`{r.how}`" if r.how.startswith(("python", "OMP")) else r.how
+        rows.append([r.label, how, fmt(r.steps) if r.steps else DASH, fmt(r.wall), rate, util, mem, r.status])
+    header = "what | command / setting | steps | wall s | rate | GPU util mean / peak | peak / est. MiB | status"
+    return md_table(header, rows)
+
+
+def failures(results: list[Result]) -> list[str]:
+    lines = []
+    for r in results:
+        if r.tail:
+            lines += ["", f"{r.label}: {r.status}; last lines of its stderr:", "", "```", r.tail, "```"]
+    return lines
+
+
+def document(title: str, info: dict[str, str], note: str, body: list[str]) -> str:
+    command = shlex.join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]])
+    lines = [f"# {title}", "", f"- command: `{command}`"] + [f"- {k}: {v}" for k, v in info.items()]
+    if note:
+        lines.append(f"- note: {note}")
+    if hasattr(os, "getloadavg"):
+        lines.append("- load average at end (1/5/15 min): " + " / ".join(f"{x:.2f}" for x in os.getloadavg()))
+    return "\n".join([*lines, "", *body]) + "\n"
+
+
+def emit(text: str, out_dir: str, stem: str, host: str) -> None:
+    print("\n" + text, end="")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
+        path = os.path.join(out_dir, f"{stem}_{safe}_{time.strftime('%Y-%m-%d', time.gmtime())}.md")
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"wrote {path}")
+
+
+# ---------------------------------------------------------------- profiles for `table`
+
+BREAKOUT, CHEETAH = ["--env-id", "ALE/Breakout-v5"], ["--env-id", "HalfCheetah-v5"]
+PRESET_BATCH = {"fast": 16 * 256, "heavy": 32 * 256, "beast": 64 * 512}
+
+
+def snake(key: str, label: str, n: int, windows: int, flags: list[str]) -> Setting:
+    """dqn_snake_vec.py with learning on from the 10th vector step, SPS logged every 50 vector steps."""
+    size = ["--num-envs", str(n)] if n != 256 else []  # 256: the default
+    args = [*size, "--learning-starts", str(10 * n), "--log-every", str(50 * n), *flags]
+    return Setting(key, label, "dqn_snake_vec.py", args, 50 * n, windows)
+
+
+def cpu_profile() -> list[Setting]:
+    heavy = [*CHEETAH, "--preset", "heavy"]
+    return [
+        Setting("ppo_atari/defaults", "ppo_atari.py defaults (16 envs, Breakout)", "ppo_atari.py", BREAKOUT, 2048, 3),
+        Setting("ppo_continuous/defaults", "ppo_continuous.py defaults", "ppo_continuous.py", CHEETAH, 2048, 6),
+        Setting("ppo_continuous/heavy", "ppo_continuous.py --preset heavy", "ppo_continuous.py", heavy, 8192, 2),
+        snake("dqn_snake_vec/defaults", "dqn_snake_vec.py defaults (256 games, 10x10)", 256, 6, []),
+        snake("dqn_snake_vec/4096", "dqn_snake_vec.py --num-envs 4096", 4096, 3, []),
+    ]
+
+
+def gpu_profile(force_cpu: bool) -> list[Setting]:
+    """The one-GPU table, rows behind targets first (past --budget-minutes the last ones are skipped)."""
+    gpu = ["--gpu", "false" if force_cpu else "true"]
+    atari, cont, dqn = [], [], {}
+    for flags in ([], ["--compile"], ["--compile", "--cudagraphs"], ["--amp"]):
+        name = " ".join(flags) or "eager"
+        label = f"ppo_atari.py defaults (16 envs, Breakout), {name}"
+        atari.append(Setting(f"ppo_atari/{name}", label, "ppo_atari.py", [*BREAKOUT, *gpu, *flags], 2048, 25))
+    for flags, batch, iters in [
+        (["--preset", "beast"], 32768, 4),
+        (["--preset", "beast", "--subproc"], 32768, 4),
+        ([], 2048, 6),
+        (["--preset", "fast"], 4096, 8),
+        (["--preset", "heavy"], 8192, 6),
+    ]:
+        name = " ".join(flags) or "defaults"
+        label = f"ppo_continuous.py {name} (HalfCheetah-v5)"
+        cont.append(
+            Setting(f"ppo_continuous/{name}", label, "ppo_continuous.py", [*CHEETAH, *gpu, *flags], batch, iters)
+        )
+    for n in (4096, 256, 65536):
+        what = "defaults (256 games)" if n == 256 else f"--num-envs {n}"
+        dqn[n] = [
+            snake(f"dqn_snake_vec/{n}/{name}", f"dqn_snake_vec.py {what}, {name}", n, 8, [*gpu, *flags])
+            for name, flags in [("eager", []), ("--compile --cudagraphs", ["--compile", "--cudagraphs"])]
+        ]
+    return atari + cont[:2] + dqn[4096] + cont[2:] + dqn[256] + dqn[65536]
+
+
+def gpu_targets(results: dict[str, Result]) -> list[str]:
+    """The GPU issue's targets, each printed as a ratio of what was measured (none of them is a test)."""
+
+    def best(prefix: str) -> Result | None:
+        ok = [r for k, r in results.items() if k.startswith(prefix) and r.ok]
+        return max(ok, key=lambda r: r.sps) if ok else None
+
+    lines = ["## Targets (GPU issue)", ""]
+    atari, ceiling = best("ppo_atari/"), results.get("ceiling/atari/16")
+    if atari:
+        line = f"- ppo_atari.py defaults, fastest flags ({atari.label}): {fmt(atari.sps)} SPS = "
+        line += f"{atari.sps / 10_000:.2f}x the 10,000 SPS target"
+        if ceiling and ceiling.ok:
+            line += f"; {atari.sps / ceiling.sps:.0%} of the raw AtariVectorEnv ceiling at 16 envs (aim >= 60%)"
+        line += (
+            f"; {atari.sps / 6809:.2f}x LeanRL's published 6,809 SPS (pytorch-labs/LeanRL README, 'Speed-ups' "
+            "table: ppo_atari_envpool_torchcompile.py, compile + cudagraphs, on an H100 node)"
+        )
+        lines.append(line)
+    else:
+        lines.append("- ppo_atari.py >= 10,000 SPS: not measured")
+    beast = best("ppo_continuous/--preset beast")
+    lines.append(
+        f"- ppo_continuous.py --preset beast: {fmt(beast.sps)} SPS = {beast.sps / 20_000:.2f}x the 20,000 "
+        f"SPS target ({beast.label})"
+        if beast
+        else "- ppo_continuous.py --preset beast: not measured"
+    )
+    snakes = [r for k, r in results.items() if k.startswith("ceiling/snake/") and r.ok]
+    if snakes:
+        top = max(snakes, key=lambda r: r.sps)
+        lines.append(
+            f"- VecSnake raw: best {fmt(top.sps)} env steps/s = {top.sps / 1e9:.2f}x the 1e9 target ({top.label})"
+        )
+    else:
+        lines.append("- VecSnake raw >= 1e9 env steps/s: not measured")
+    dqn = best("dqn_snake_vec/4096/")
+    lines.append(
+        f"- dqn_snake_vec.py --num-envs 4096, learning on: {fmt(dqn.sps)} env steps/s = {dqn.sps / 1e6:.2f}x "
+        f"the 1,000,000 target ({dqn.label})"
+        if dqn
+        else "- dqn_snake_vec.py at 4096 games: not measured"
+    )
+    pairs = [r for r in results.values() if r.ok and r.peak_mib and r.estimated_mib]
+    outside = [
+        f"{r.label} ({r.peak_mib / r.estimated_mib:.2f}x)"
+        for r in pairs
+        if not 0.5 <= r.peak_mib / r.estimated_mib <= 2
+    ]
+    if pairs:
+        lines.append(
+            f"- memory estimate within 2x of the measured peak: {len(pairs) - len(outside)} of {len(pairs)} "
+            f"runs" + (f"; outside: {'; '.join(outside)}" if outside else "")
+        )
+    else:
+        lines.append("- memory estimates within 2x of the measured peak: no run logged both (GPU runs only)")
+    return lines
+
+
+# ---------------------------------------------------------------- the modes
+
+
+def cmd_run(a, passthrough: list[str]) -> int:
+    script = a.script if os.path.exists(a.script) else os.path.join(ROOT, a.script)
+    if not os.path.isfile(script):
+        raise UsageError(f"script '{a.script}' not found (give a path, or one of {', '.join(OURS)})")
+    rel = os.path.relpath(os.path.abspath(script), ROOT)
+    setting, info = Setting("run", rel, rel, passthrough, a.steps, 1, min_iters=1), machine_info()
+    res = run_setting(setting, 1.0, a.timeout)
+    body = [*results_table([res]), *failures([res])]
+    emit(document("Speed of one run", info, a.note, body), a.out, "run", a.host)
+    return 0 if res.ok else 1
+
+
+def cmd_ceiling(a, _passthrough) -> int:
+    threads, info = a.threads or len(allowed_cpus()), machine_info()
+    results = [atari_row(n, threads, a.seconds) for n in a.atari_envs]
+    results += [snake_row(n, a.device, a.mode, a.seconds) for n in a.snake_sizes]
+    emit(document("Environment ceilings", info, a.note, results_table(results)), a.out, "ceiling", a.host)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def compare_settings(which: str, cuda: bool) -> list[Setting]:
+    """Ours and the CleanRL-style baseline at matched settings (same batch, minibatch and epochs); one iteration
+    each, scaled by --iterations."""
+    if which == "continuous":
+        base, one = "benchmark/baseline_ppo_continuous.py", {"OMP_NUM_THREADS": "1"}
+        return [
+            Setting("baseline", "baseline (CleanRL-style), torch default threads", base, CHEETAH, 2048, 1),
+            Setting("baseline/1", "baseline (CleanRL-style), 1 torch thread", base, CHEETAH, 2048, 1, env=one),
+            Setting("ppo_continuous", "ppo_continuous.py defaults", "ppo_continuous.py", CHEETAH, 2048, 1),
+        ]
+    cleanrl = [*BREAKOUT, "--num-envs", "8", "--num-minibatches", "4"]  # CleanRL's ppo_atari.py: minibatch 256
+    rows = [
+        Setting(
+            "baseline",
+            "baseline (CleanRL-style, 8 envs, minibatch 256)",
+            "benchmark/baseline_ppo_atari.py",
+            BREAKOUT,
+            1024,
+            1,
+        ),
+        Setting("ppo_atari/cleanrl", "ppo_atari.py, CleanRL settings", "ppo_atari.py", cleanrl, 1024, 1),
+        Setting(
+            "ppo_atari/defaults", "ppo_atari.py defaults (16 envs, minibatch 256)", "ppo_atari.py", BREAKOUT, 2048, 1
+        ),
+    ]
+    for flags in [["--compile", "--cudagraphs"]] if cuda else [["--compile"], ["--amp"]]:
+        name = " ".join(flags)
+        label = f"ppo_atari.py, CleanRL settings, {name}"
+        rows.append(Setting(f"ppo_atari/cleanrl {name}", label, "ppo_atari.py", [*cleanrl, *flags], 1024, 1))
+    return rows
+
+
+def cmd_compare(a, _passthrough) -> int:
+    import torch
+
+    settings = compare_settings(a.which, torch.cuda.is_available())
+    settings = [s for s in settings if selected(s.key, s.label, a.only)]
+    scale = a.iterations  # every setting here has iters=1: the budget is a.iterations iterations of its batch
+    if a.dry_run:
+        print("\n".join(f"{s.label}: {s.shown(scale)}" for s in settings))
+        return 0
+    runs: dict[str, list[Result]] = {s.key: [] for s in settings}
+    info = machine_info()
+    for round_ in range(a.repeats):  # interleaved: every setting once per round spreads the machine's noise
+        for s in settings:
+            print(f"[speed] round {round_ + 1}/{a.repeats}: {s.label} ...", flush=True)
+            res = run_setting(s, scale, a.timeout)
+            print(f"[speed]   {fmt(res.sps)} SPS" if res.ok else f"[speed]   {res.status}", flush=True)
+            runs[s.key].append(res)
+    med = {
+        k: statistics.median([r.sps for r in rs if r.ok]) if any(r.ok for r in rs) else None for k, rs in runs.items()
+    }
+    cpu = {
+        k: statistics.median([r.cpu_s / r.steps * 1000 for r in rs if r.ok]) if any(r.ok for r in rs) else None
+        for k, rs in runs.items()
+    }
+    bases = [k for k in med if k.startswith("baseline") and med[k]]
+    best_base = max(bases, key=lambda k: med[k]) if bases else None
+    rows = []
+    for s in settings:
+        ratio = f"{med[s.key] / med[best_base]:.2f}x" if med[s.key] and best_base else DASH
+        cpu_ratio = f"{cpu[best_base] / cpu[s.key]:.2f}x" if cpu[s.key] and best_base else DASH
+        n_ok = sum(r.ok for r in runs[s.key])
+        status = "ok" if n_ok == a.repeats else f"{a.repeats - n_ok} of {a.repeats} failed"
+        sps = f"{fmt(med[s.key])} ({n_ok})"
+        rows.append([s.label, f"`{s.shown(scale)}`", sps, ratio, fmt(cpu[s.key], 2), cpu_ratio, status])
+    header = "setting | command | SPS, median (runs) | x best baseline | CPU s / 1k steps | less CPU than it | status"
+    body = [
+        f"Medians over {a.repeats} interleaved round(s); SPS from each run's `charts/SPS` (warm-up iteration "
+        "excluded); CPU s = user + system seconds of the whole process per 1,000 agent steps.",
+        "",
+        *md_table(header, rows),
+        *failures([r for rs in runs.values() for r in rs]),
+    ]
+    emit(
+        document(f"Speed against the baseline: {a.which}", info, a.note, body),
+        a.out,
+        f"compare_{a.which}",
+        a.host,
+    )
+    return 0 if all(med.values()) else 1
+
+
+def cmd_table(a, _passthrough) -> int:
+    import torch
+
+    gpu, cuda = a.profile == "gpu", torch.cuda.is_available() and not a.force_cpu
+    settings = gpu_profile(a.force_cpu) if gpu else cpu_profile()
+    threads = len(allowed_cpus())
+    atari_envs = a.atari_envs or ([16, 64, 128] if gpu else [16, 64])
+    device = "cuda" if cuda else "cpu"
+    snake_sizes = a.snake_sizes or ([2**k for k in range(12, 23)] if gpu else [256, 4096, 65536])
+    mode = "dense" if gpu else "auto"
+    ceilings = [
+        (f"ceiling/atari/{n}", f"AtariVectorEnv {n} envs", lambda n=n: atari_row(n, threads, a.seconds))
+        for n in atari_envs
+    ]
+    ceilings += [
+        (f"ceiling/snake/{n}", f"VecSnake {n}", lambda n=n: snake_row(n, device, mode, a.seconds)) for n in snake_sizes
+    ]
+    ceilings = [c for c in ceilings if selected(c[0], c[1], a.only)]
+    settings = [s for s in settings if selected(s.key, s.label, a.only)]
+    if a.dry_run:
+        lines = [f"{label}: {a.seconds:g} s" for _, label, _ in ceilings]
+        print("\n".join(lines + [f"{s.label}: {s.shown(a.scale)}" for s in settings]))
+        return 0
+    info = machine_info()
+    deadline = time.perf_counter() + a.budget_minutes * 60 if a.budget_minutes else float("inf")
+    results: dict[str, Result] = {}
+    for key, _, measure in ceilings:
+        results[key] = measure()
+    for s in settings:
+        left = deadline - time.perf_counter()
+        if left < 60:  # a run started now could not finish its warm-up inside the budget
+            skipped = f"skipped: past --budget-minutes {a.budget_minutes:g}"
+            results[s.key] = Result(s.label, s.shown(a.scale), status=skipped)
+            continue
+        print(f"[speed] {s.label}: {s.steps(a.scale):,} steps ...", flush=True)
+        results[s.key] = res = run_setting(s, a.scale, min(a.timeout, left))
+        print(f"[speed]   {fmt(res.sps)} SPS, {res.wall:.0f} s" if res.ok else f"[speed]   {res.status}", flush=True)
+    note = "; ".join(filter(None, [a.note, "--force-cpu: the GPU rows ran on the CPU" if a.force_cpu and gpu else ""]))
+    within = (
+        f", the table held to {a.budget_minutes:g} min (no run starts in its last minute)" if a.budget_minutes else ""
+    )
+    body = [
+        f"Profile `{a.profile}`, step budgets x{a.scale:g}, runs stopped after {a.timeout:.0f} s{within}. Rate: "
+        "SPS = agent (env) steps per second with learning on, the median of the run's `charts/SPS` after warm-up; "
+        "ceilings step the environments alone with random actions.",
+        "",
+        *results_table(list(results.values())),
+        *failures(list(results.values())),
+    ]
+    if gpu:
+        body += ["", *gpu_targets(results)]
+    emit(document("Throughput", info, note, body), a.out, f"throughput_{a.profile}", a.host)
+    return 0 if all(r.ok for r in results.values()) else 1
+
+
+CONCURRENCY = {  # the settings of the issue's own measurements
+    "ppo_atari": Setting(
+        "ppo_atari",
+        "ppo_atari.py Pong, 4 envs x 128 steps, minibatch 128",
+        "ppo_atari.py",
+        ["--env-id", "ALE/Pong-v5", "--num-envs", "4", "--num-steps", "128", "--minibatch-size", "128"],
+        512,
+        8,
+    ),
+    "dqn_snake_vec": Setting(
+        "dqn_snake_vec",
+        "dqn_snake_vec.py defaults, learning from the 3rd vector step",
+        "dqn_snake_vec.py",
+        ["--learning-starts", "768", "--log-every", "2560"],
+        2560,
+        15,
+    ),
+    "ppo_continuous": Setting(
+        "ppo_continuous", "ppo_continuous.py defaults (HalfCheetah-v5)", "ppo_continuous.py", CHEETAH, 2048, 6
+    ),
+}
+
+
+def concurrency_target(copies: int, gpu: bool) -> tuple[str, float] | None:
+    """The thread-budget issue's targets: on the 2-core machine 2 copies >= 1.0x and 4 >= 0.9x one run alone; on a
+    GPU machine (JOBS_PER_GPU=2 and 4) more total SPS than one run."""
+    if copies == 1:
+        return None
+    return (">", 1.0) if gpu else {2: (">=", 1.0), 4: (">=", 0.9)}.get(copies)
+
+
+def cmd_concurrency(a, _passthrough) -> int:
+    import torch
+
+    unknown = set(a.scripts) - set(CONCURRENCY)
+    if unknown:
+        raise UsageError(f"--scripts takes {', '.join(CONCURRENCY)}; got {', '.join(sorted(unknown))}")
+    if not a.no_budget and not shutil.which("taskset"):
+        raise UsageError("taskset (util-linux) not found: it pins each copy; install it or pass --no-budget")
+    allowed = allowed_cpus()
+    plan = []
+    for name in a.scripts:
+        for copies in a.copies:
+            budgets = [None] * copies if a.no_budget else thread_budget(copies, allowed)
+            plan.append((CONCURRENCY[name], copies, budgets))
+    if a.dry_run:
+        for s, copies, budgets in plan:
+            print(f"{s.label}, {copies} at once:")
+            print("\n".join(f"  {launch(s, a.scale, cores)[2]}" for cores in budgets))
+        return 0
+    gpu, rows, alone, all_results, info = torch.cuda.is_available(), [], {}, [], machine_info()
+    for s, copies, budgets in plan:
+        print(f"[speed] {s.label}: {copies} at once, {s.steps(a.scale):,} steps each ...", flush=True)
+        results = run_together([Run(s, a.scale, a.timeout, cores) for cores in budgets])
+        all_results += results
+        ok = all(r.ok for r in results)
+        total = sum(r.sps for r in results) if ok else None
+        if copies == 1:
+            alone[s.key] = total
+        ratio = total / alone[s.key] if ok and alone.get(s.key) else None
+        target, shown_target = concurrency_target(copies, gpu), DASH
+        if target:
+            met = ratio is not None and (ratio > target[1] if target[0] == ">" else ratio >= target[1])
+            shown_target = f"{target[0]} {target[1]:.2f}x: " + ("met" if met else "not met")
+        cores = (
+            "as shipped (no pinning, no thread variables)"
+            if a.no_budget
+            else "; ".join(",".join(map(str, c)) for c in budgets)
+        )
+        status = "ok" if ok else "; ".join(sorted({r.status for r in results if not r.ok}))
+        rows.append(
+            [
+                s.label,
+                str(copies),
+                cores,
+                " / ".join(fmt(r.sps) if r.ok else DASH for r in results),
+                fmt(total),
+                f"{ratio:.2f}x" if ratio else DASH,
+                shown_target,
+                status,
+            ]
+        )
+        print(f"[speed]   total {fmt(total)} SPS" + (f", {ratio:.2f}x one alone" if ratio else ""), flush=True)
+    header = "script | copies | cores per copy | per-copy SPS | total SPS | x one alone | target | status"
+    rule = (
+        "as shipped: no thread variables, no pinning"
+        if a.no_budget
+        else "each copy pinned with `taskset -c` to "
+        "k = max(1, P // C) of the P allowed cores (core s % P when C > P), OMP_NUM_THREADS = MKL_NUM_THREADS = k"
+    )
+    body = [
+        f"Copies run at once, each with the same step budget (x{a.scale:g}); {rule}. Total SPS = sum of the "
+        "copies' median `charts/SPS`. Targets (thread-budget issue): on the 2-core development machine 2 copies "
+        ">= 1.0x and 4 copies >= 0.9x one run alone; on a GPU machine more total SPS than one run.",
+        "",
+        *md_table(header, rows),
+        *failures(all_results),
+    ]
+    stem = "concurrency_as_shipped" if a.no_budget else "concurrency"
+    emit(document("Concurrent runs", info, a.note, body), a.out, stem, a.host)
+    return 0 if all(r.ok for r in all_results) else 1
+
+
+def selected(key: str, label: str, only: list[str] | None) -> bool:
+    return not only or any(o in key or o in label for o in only)
+
+
+# ---------------------------------------------------------------- command line
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def parser() -> Parser:
+    p = Parser(prog="speed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="mode", required=True, parser_class=Parser)
+
+    def common(sp, out_default=""):
+        sp.add_argument("--timeout", type=positive(float), default=240, help="seconds before a run is stopped")
+        sp.add_argument("--out", default=out_default, help="folder for the markdown file (empty: print only)")
+        sp.add_argument("--note", default="", help="a line added under the machine (e.g. other load)")
+        sp.add_argument("--host", default=os.environ.get("HOST_LABEL", socket.gethostname()), help="name in files")
+
+    r = sub.add_parser("run", help="one script for a fixed step budget; arguments after -- go to the script")
+    r.add_argument("script", help="ppo_atari.py, ppo_continuous.py, dqn_snake_vec.py or a baseline's path")
+    r.add_argument("--steps", type=positive(int), required=True, help="--total-timesteps for the run")
+    common(r)
+
+    c = sub.add_parser("ceiling", help="AtariVectorEnv and VecSnake steps/s with random actions")
+    c.add_argument("--atari-envs", type=positive(int), nargs="*", default=[16, 64])
+    c.add_argument("--threads", type=positive(int), default=None, help="AtariVectorEnv threads (default: all)")
+    c.add_argument("--snake-sizes", type=positive(int), nargs="*", default=[256, 4096, 65536])
+    c.add_argument("--device", default="cpu", help="VecSnake device: cpu, cuda, cuda:N")
+    c.add_argument("--mode", default="dense", choices=["auto", "dense", "sparse"], help="VecSnake mode")
+    c.add_argument("--seconds", type=positive(float), default=3, help="seconds per measurement")
+    common(c)
+
+    m = sub.add_parser("compare", help="ours against the CleanRL-style baseline at matched settings")
+    m.add_argument("which", choices=["atari", "continuous"])
+    m.add_argument("--iterations", type=positive(int), default=5, help="iterations per run (the first is warm-up)")
+    m.add_argument("--repeats", type=positive(int), default=1, help="interleaved rounds of every setting")
+    m.add_argument("--only", nargs="*", help="settings whose key or label contains one of these")
+    m.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    common(m)
+
+    t = sub.add_parser("table", help="the throughput table, written to benchmark/results/")
+    t.add_argument(
+        "--profile",
+        choices=["cpu", "gpu"],
+        help="cpu: short CPU table; gpu: the one-GPU table with targets (default: gpu when CUDA is present)",
+    )
+    t.add_argument("--force-cpu", action="store_true", help="run the GPU profile's rows on the CPU (for tests)")
+    t.add_argument("--scale", type=positive(float), default=1.0, help="multiply every step budget")
+    t.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="stop starting runs after this long (default: 8 for the gpu profile, none for cpu)",
+    )
+    t.add_argument("--seconds", type=positive(float), default=None, help="seconds per ceiling (default 5 cpu, 2 gpu)")
+    t.add_argument("--atari-envs", type=positive(int), nargs="*", help="AtariVectorEnv sizes (default per profile)")
+    t.add_argument("--snake-sizes", type=positive(int), nargs="*", help="VecSnake sizes (default per profile)")
+    t.add_argument("--only", nargs="*", help="rows whose key or label contains one of these")
+    t.add_argument("--dry-run", action="store_true", help="print the rows and commands, run nothing")
+    common(t, os.path.join(HERE, "results"))
+
+    k = sub.add_parser("concurrency", help="1, 2, 4 copies at once: total SPS against one run alone")
+    k.add_argument("--copies", type=positive(int), nargs="+", default=[1, 2, 4])
+    k.add_argument("--scripts", nargs="+", default=list(CONCURRENCY), help=", ".join(CONCURRENCY))
+    k.add_argument("--scale", type=positive(float), default=1.0, help="multiply every step budget")
+    k.add_argument("--no-budget", action="store_true", help="as shipped: no thread variables, no pinning")
+    k.add_argument("--dry-run", action="store_true", help="print the commands of each copy, run nothing")
+    common(k)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
+    try:
+        a = parser().parse_args(argv)
+        if passthrough and a.mode != "run":
+            raise UsageError("arguments after -- are for `run` only")
+        if a.mode == "table":
+            import torch
+
+            a.profile = a.profile or ("gpu" if torch.cuda.is_available() else "cpu")
+            gpu = a.profile == "gpu"
+            a.budget_minutes = (8 if gpu else 0) if a.budget_minutes is None else a.budget_minutes
+            a.seconds = a.seconds or (2 if gpu else 5)
+            if a.budget_minutes < 0:
+                raise UsageError("--budget-minutes must be >= 0 (0: no limit)")
+        if a.mode == "concurrency" and 1 not in a.copies:
+            a.copies = [1, *a.copies]  # the ratio needs one run alone
+        modes = {
+            "run": cmd_run,
+            "ceiling": cmd_ceiling,
+            "compare": cmd_compare,
+            "table": cmd_table,
+            "concurrency": cmd_concurrency,
+        }
+        return modes[a.mode](a, passthrough)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the runs this tool started were sent SIGTERM", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
