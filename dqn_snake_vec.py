@@ -476,16 +476,13 @@ def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminat
 
 # ---------------------------------------------------------------- checkpoint and evaluation
 def rng_state(device) -> dict:
-    numpy_state = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state(), cuda=cuda)
+    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
+    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
 def set_rng_state(state: dict, device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
+    if state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
@@ -578,7 +575,7 @@ if __name__ == "__main__":
               f"episodes (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})")  # fmt: skip
         sys.exit(0)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
-    print(f"threads: {threads.threads} torch, the games step on the {device.type.upper()} ({threads.why})")
+    print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, the games are torch ops too")
     print("config:")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS:

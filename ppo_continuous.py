@@ -324,16 +324,13 @@ def clip_grad_norm(grads, max_norm):
 
 # ---------------------------------------------------------------- checkpoint and evaluation
 def rng_state(device) -> dict:
-    numpy_state = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state(), cuda=cuda)
+    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
+    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
 def set_rng_state(state: dict, device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
+    if state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
@@ -461,8 +458,8 @@ if __name__ == "__main__":
         )
         sys.exit(0)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
-    env_threads = "1 per env subprocess" if args.subproc else "envs in this process"
-    print(f"threads: {torch_threads} torch, {env_threads} (budget {threads.threads}: {threads.why})")
+    env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
+    print(f"threads: {threads.threads} ({threads.why}): {torch_threads} torch, {env_threads}")
     print(f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
