@@ -578,9 +578,9 @@ if __name__ == "__main__":
     print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, the games are torch ops too")
     print("config:")
     for key, value in vars(args).items():
-        if key not in RUNTIME_FLAGS:
+        if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
             source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
-            print(f"  {key:<26} {value!s:<12} ({source})")
+            print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
     if args.track:
@@ -618,9 +618,11 @@ if __name__ == "__main__":
             return epsilon_greedy(q_network(obs), epsilon)
 
     loss_fn = td_loss
-    if args.compile or args.cudagraphs:
-        act = torch.compile(act, mode="reduce-overhead" if args.cudagraphs else None)
-        loss_fn = torch.compile(td_loss, mode="reduce-overhead" if args.cudagraphs else None)
+    if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
+        print(f"compile: the action step and the loss, mode {mode}")
+        act = torch.compile(act, mode=mode)
+        loss_fn = torch.compile(td_loss, mode=mode)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(q_network, target_network, *data)

@@ -439,7 +439,7 @@ if __name__ == "__main__":
         for key, value in vars(args).items():
             if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
                 source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
-                print(f"  {key:<20} {value!s:<18} ({source})")
+                print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
     if is_main:
@@ -480,8 +480,11 @@ if __name__ == "__main__":
 
     loss_fn = ppo_loss
     if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
-        policy_step = torch.compile(policy_step, mode="reduce-overhead" if args.cudagraphs else None)
-        loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if args.cudagraphs else None)
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
+        if is_main:
+            print(f"compile: the action step and the loss, mode {mode}")
+        policy_step = torch.compile(policy_step, mode=mode)
+        loss_fn = torch.compile(ppo_loss, mode=mode)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
