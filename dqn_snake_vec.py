@@ -476,16 +476,13 @@ def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminat
 
 # ---------------------------------------------------------------- checkpoint and evaluation
 def rng_state(device) -> dict:
-    numpy_state = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state(), cuda=cuda)
+    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
+    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
 def set_rng_state(state: dict, device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
+    if state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
@@ -578,12 +575,12 @@ if __name__ == "__main__":
               f"episodes (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})")  # fmt: skip
         sys.exit(0)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
-    print(f"threads: {threads.threads} torch, the games step on the {device.type.upper()} ({threads.why})")
+    print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, the games are torch ops too")
     print("config:")
     for key, value in vars(args).items():
-        if key not in RUNTIME_FLAGS:
+        if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
             source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
-            print(f"  {key:<26} {value!s:<12} ({source})")
+            print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
     if args.track:
@@ -621,9 +618,11 @@ if __name__ == "__main__":
             return epsilon_greedy(q_network(obs), epsilon)
 
     loss_fn = td_loss
-    if args.compile or args.cudagraphs:
-        act = torch.compile(act, mode="reduce-overhead" if args.cudagraphs else None)
-        loss_fn = torch.compile(td_loss, mode="reduce-overhead" if args.cudagraphs else None)
+    if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
+        print(f"compile: the action step and the loss, mode {mode}")
+        act = torch.compile(act, mode=mode)
+        loss_fn = torch.compile(td_loss, mode=mode)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(q_network, target_network, *data)

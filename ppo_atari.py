@@ -305,16 +305,13 @@ def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
 
 # ---------------------------------------------------------------- checkpoint and evaluation
 def rng_state(device) -> dict:
-    numpy_state = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state(), cuda=cuda)
+    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
+    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
 def set_rng_state(state: dict, device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
+    if state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
@@ -437,12 +434,12 @@ if __name__ == "__main__":
         sys.exit(0)
     if is_main:
         print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}, {world_size} process(es)")
-        print(f"threads: {threads.threads} torch, {env_threads} env ({threads.why})")
+        print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, {env_threads} stepping the envs")
         print("config:")
         for key, value in vars(args).items():
             if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
                 source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
-                print(f"  {key:<20} {value!s:<18} ({source})")
+                print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
     if is_main:
@@ -483,8 +480,11 @@ if __name__ == "__main__":
 
     loss_fn = ppo_loss
     if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
-        policy_step = torch.compile(policy_step, mode="reduce-overhead" if args.cudagraphs else None)
-        loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if args.cudagraphs else None)
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
+        if is_main:
+            print(f"compile: the action step and the loss, mode {mode}")
+        policy_step = torch.compile(policy_step, mode=mode)
+        loss_fn = torch.compile(ppo_loss, mode=mode)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)

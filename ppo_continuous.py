@@ -128,9 +128,9 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
     """Fill unset (None) fields from the preset, then DEFAULTS; a flag passed at all (even at its default) wins.
     Returns the args and where each of these settings came from."""
     preset = PRESETS.get(args.preset, {})
-    source = {}
+    sources = {}
     for key in ("num_envs", "num_steps", "update_epochs", "network_arch"):
-        source[key] = (
+        sources[key] = (
             "command line" if getattr(args, key) is not None else f"preset {args.preset}" if preset else "default"
         )
         if getattr(args, key) is None:
@@ -146,19 +146,19 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
         nmb = DEFAULTS["num_minibatches"] if args.num_minibatches is None else args.num_minibatches
         if nmb < 1 or total % nmb:
             raise ValueError(f"--num-minibatches {nmb} does not divide the total batch {total} (num envs x num steps)")
-        source["minibatch_size"] = "default" if args.num_minibatches is None else "command line"
+        sources["minibatch_size"] = "default" if args.num_minibatches is None else "command line"
         args.minibatch_size = str(total // nmb)
     else:  # an integer dividing the total, 'auto', or the preset's size (the largest divisor below it if that fails)
         target = int(preset["minibatch_size"]) if preset else total // DEFAULTS["num_minibatches"]
         requested = "auto" if args.minibatch_size is None else args.minibatch_size
         size = gpu_utils.choose_batch_size(total, requested, target=target)
         if args.minibatch_size is None:
-            source["minibatch_size"] = f"preset {args.preset}" + ("" if size == target else ", auto")
+            sources["minibatch_size"] = f"preset {args.preset}" + ("" if size == target else ", auto")
         else:
-            source["minibatch_size"] = f"auto, <= {target}" if requested.strip().lower() == "auto" else "command line"
+            sources["minibatch_size"] = f"auto, <= {target}" if requested.strip().lower() == "auto" else "command line"
         args.minibatch_size = str(size)
     args.num_minibatches = total // int(args.minibatch_size)
-    return args, source
+    return args, sources
 
 
 def hidden_sizes(arch: str) -> list[int]:
@@ -324,16 +324,13 @@ def clip_grad_norm(grads, max_norm):
 
 # ---------------------------------------------------------------- checkpoint and evaluation
 def rng_state(device) -> dict:
-    numpy_state = [s.tolist() if isinstance(s, np.ndarray) else s for s in np.random.get_state()]
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return dict(python=random.getstate(), numpy=numpy_state, torch=torch.get_rng_state(), cuda=cuda)
+    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
+    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
 def set_rng_state(state: dict, device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
+    if state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
@@ -398,12 +395,12 @@ if __name__ == "__main__":
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
         if ckpt:  # the run's settings; how and where it runs comes from the command line
             vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_FLAGS})
-            source = {}
+            sources = {}
         else:
             if eval_ckpt:  # the network to load; the seed and the number of episodes come from the command line
                 args.env_id = eval_ckpt["args"]["env_id"]
                 args.network_arch = eval_ckpt["args"]["network_arch"]
-            args, source = resolve_args(args)
+            args, sources = resolve_args(args)
         hidden = hidden_sizes(args.network_arch)
         try:
             gym.spec(args.env_id)
@@ -461,14 +458,14 @@ if __name__ == "__main__":
         )
         sys.exit(0)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
-    env_threads = "1 per env subprocess" if args.subproc else "envs in this process"
-    print(f"threads: {torch_threads} torch, {env_threads} (budget {threads.threads}: {threads.why})")
+    env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
+    print(f"threads: {threads.threads} ({threads.why}): {torch_threads} torch, {env_threads}")
     print(f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
-            default = getattr(Args, key)
-            origin = "checkpoint" if ckpt else source.get(key, "default" if value == default else "command line")
-            print(f"  {key:<20} {value!s:<18} ({origin})")
+            default = "default" if value == getattr(Args, key) else "command line"
+            source = "checkpoint" if ckpt else sources.get(key, default)
+            print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
     if args.track:
@@ -518,8 +515,10 @@ if __name__ == "__main__":
 
     loss_fn = ppo_loss
     if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
-        policy_step = torch.compile(policy_step, mode="reduce-overhead" if args.cudagraphs else None)
-        loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if args.cudagraphs else None)
+        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
+        print(f"compile: the action step and the loss, mode {mode}")
+        policy_step = torch.compile(policy_step, mode=mode)
+        loss_fn = torch.compile(ppo_loss, mode=mode)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)

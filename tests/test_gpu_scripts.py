@@ -63,3 +63,13 @@ def test_dqn_snake_on_gpu(tmp_path, extra):
     out = run("dqn_snake_vec.py", [*args, "--log-every", 2048, "--total-timesteps", 8192, *extra], tmp_path)
     assert "device: cuda" in out and "peak allocated" in out
     assert {"charts/SPS", "losses/td_loss", "memory/peak_allocated_mib"} <= scalar_tags(tmp_path)
+
+
+def test_cudagraphs_alone_compiles_with_cuda_graphs_on_the_chosen_gpu(tmp_path):
+    """--cudagraphs implies --compile in every script, and ppo_continuous sets its CUDA device (it did neither)."""
+    import torch
+
+    gpu = torch.cuda.device_count() - 1  # the last GPU: a script that forgot set_device would also touch GPU 0
+    args = ["--env-id", "Pendulum-v1", "--preset", "fast", "--num-envs", 2, "--num-steps", 64, "--update-epochs", 1]
+    out = run("ppo_continuous.py", [*args, "--total-timesteps", 256, "--cudagraphs", "--gpu", gpu], tmp_path)
+    assert f"device: cuda:{gpu}" in out and "compile: the action step and the loss, mode reduce-overhead" in out

@@ -251,6 +251,8 @@ def test_parse_micro_batch():
 
 
 def test_enable_tf32_and_limit_threads_on_cpu(monkeypatch):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        monkeypatch.setenv(var, "")  # limit_threads sets them: restored after the test, not leaked into later ones
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu_utils.enable_tf32(True) is False
     assert torch.backends.cuda.matmul.allow_tf32 is False

@@ -130,7 +130,7 @@ def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
     assert "stopping on SIGTERM" in stdout
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     ckpt = torch.load(ckpt_path, weights_only=False)
-    assert ckpt["global_step"] < total and set(ckpt["rng"][0]) >= {"python", "numpy", "torch"}  # one per process
+    assert ckpt["global_step"] < total and set(ckpt["rng"][0]) == {"torch", "cuda"}  # one entry per process
     assert ckpt["status"] == "stopped" and f"--resume runs/{ckpt['run_name']}/checkpoint.pt" in stdout
     out = run(["--resume", ckpt_path, "--no-progress-bar"], tmp_path)
     assert out.returncode == 0, out.stderr

@@ -182,7 +182,7 @@ def test_pendulum_run_logs_and_saves(pendulum_run):
     tmp_path, res = pendulum_run
     assert "device: cpu (--gpu false)" in res.stdout and "memory estimate" in res.stdout
     assert re.search(r"num_steps\s+64\s+\(command line\)", res.stdout)
-    assert re.search(r"network_arch\s+64,64\s+\(default\)", res.stdout) and "threads: 1 torch" in res.stdout
+    assert re.search(r"network_arch\s+64,64\s+\(default\)", res.stdout) and "): 1 torch," in res.stdout
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir(tmp_path)))
@@ -299,7 +299,7 @@ def test_mujoco_subproc_run_closes_workers(tmp_path):
         time.sleep(0.05)
     out, err = proc.communicate()
     assert proc.returncode == 0, err
-    assert "1 per env subprocess" in out and "iteration 4/4: step 512" in out
+    assert "1 in each env subprocess" in out and "iteration 4/4: step 512" in out
     assert "--gpu auto: network 64,64 is small" in out  # with the reason printed
     assert len(seen) >= 2, "expected env worker processes"  # forkserver + 2 workers
     deadline = time.time() + 10
