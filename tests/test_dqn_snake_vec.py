@@ -11,6 +11,7 @@ from collections import deque
 
 import pytest
 import torch
+from oom import oom_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "dqn_snake_vec.py")
@@ -549,25 +550,11 @@ def test_micro_batches_give_the_full_batch_gradient():
         torch.testing.assert_close(p.grad, g, atol=1e-6, rtol=1e-4)
 
 
-INJECT_OOM = """
-import runpy, sys, torch
-limit = int(sys.argv.pop(1))
-conv_forward = torch.nn.Conv2d.forward
-def forward(self, x):  # a GPU that cannot hold more than `limit` rows of the update
-    if torch.is_grad_enabled() and x.shape[0] > limit:
-        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (injected above {limit} rows)")
-    return conv_forward(self, x)
-torch.nn.Conv2d.forward = forward
-sys.argv[0] = sys.argv.pop(1)
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_path):
     args = [*SMALL, "--total-timesteps", 512, "--save-model", "--height", 6, "--width", 6, "--num-threads", 1]
     env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1")
     models = {}
-    for name, prefix, extra in [("oom", ["-c", INJECT_OOM, "10"], []), ("micro", [], ["--micro-batch", "8"])]:
+    for name, prefix, extra in [("oom", oom_prefix("Conv2d", 10), []), ("micro", [], ["--micro-batch", "8"])]:
         (tmp_path / name).mkdir()
         cmd = [sys.executable, *prefix, SCRIPT, "--no-progress-bar", *map(str, args + extra)]
         res = subprocess.run(cmd, cwd=tmp_path / name, env=env, capture_output=True, text=True, timeout=240)

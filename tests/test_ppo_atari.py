@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from oom import oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
@@ -343,26 +344,11 @@ def test_micro_batches_give_the_full_minibatch_gradient():
         torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
 
 
-INJECT_OOM = """
-import runpy, sys, torch
-limit = int(sys.argv.pop(1))
-conv_forward = torch.nn.Conv2d.forward
-def forward(self, x):  # a GPU that cannot hold more than `limit` rows of the update
-    if torch.is_grad_enabled() and x.shape[0] > limit:
-        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (injected above {limit} rows)")
-    return conv_forward(self, x)
-torch.nn.Conv2d.forward = forward
-script = sys.argv.pop(1)
-sys.argv[0] = script
-runpy.run_path(script, run_name="__main__")
-"""
-
-
 def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_path):
     args = [*TINY, "--total-timesteps", "96", "--save-model"]  # 3 iterations, minibatches of 16 rows
     models = {}
     for name, extra, prefix in [
-        ("oom", [], ["-c", INJECT_OOM, "5", SCRIPT]),
+        ("oom", [], [*oom_prefix("Conv2d", 5), SCRIPT]),
         ("micro", ["--micro-batch", "4"], []),
         ("whole", [], []),
     ]:

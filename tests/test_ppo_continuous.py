@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
+from oom import oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")
@@ -371,24 +372,10 @@ def test_micro_batches_give_the_full_minibatch_gradient():
         torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
 
 
-INJECT_OOM = """
-import runpy, sys, torch
-limit = int(sys.argv.pop(1))
-linear_forward = torch.nn.Linear.forward
-def forward(self, x):  # a GPU that cannot hold more than `limit` rows of the update
-    if torch.is_grad_enabled() and x.shape[0] > limit:
-        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (injected above {limit} rows)")
-    return linear_forward(self, x)
-torch.nn.Linear.forward = forward
-sys.argv[0] = sys.argv.pop(1)
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_path):
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", 192, *TINY, "--save-model"]  # minibatches of 32 rows
     models = {}
-    for name, prefix, extra in [("oom", ["-c", INJECT_OOM, "10"], []), ("micro", [], ["--micro-batch", "8"])]:
+    for name, prefix, extra in [("oom", oom_prefix("Linear", 10), []), ("micro", [], ["--micro-batch", "8"])]:
         (tmp_path / name).mkdir()
         cmd = [sys.executable, *prefix, SCRIPT, *map(str, args + extra)]
         res = subprocess.run(cmd, cwd=tmp_path / name, env=ENV, capture_output=True, text=True, timeout=120)
