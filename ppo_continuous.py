@@ -510,8 +510,8 @@ if __name__ == "__main__":
         print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{num_iterations})")
 
     @torch.no_grad()
-    def policy_step(norm_obs, noise):  # the rollout's actions: the policy's means plus Gaussian noise
-        return agent.mean(norm_obs) + agent.actor_logstd.exp() * noise
+    def policy_step(norm_obs, scaled_noise):  # the rollout's actions: the policy's means plus Gaussian noise
+        return agent.mean(norm_obs) + scaled_noise
 
     loss_fn = ppo_loss
     if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
@@ -567,6 +567,7 @@ if __name__ == "__main__":
             optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
         noise = torch.randn((args.num_steps, args.num_envs, act_dim), device=device)
         with torch.no_grad():
+            std = agent.actor_logstd.exp()  # once per rollout: the policy does not change during it
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs_np[step] = next_obs_n
@@ -574,7 +575,7 @@ if __name__ == "__main__":
                 obs_t = obs_host[step] if device.type == "cpu" else obs_buf[step].copy_(obs_host[step], True)
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                actions[step] = policy_step(obs_t, noise[step])
+                actions[step] = policy_step(obs_t, std * noise[step])
                 action = np.clip(actions[step].cpu().numpy(), act_low, act_high)
                 next_obs, reward, terminated, truncated, infos = envs.step(action)
                 done = np.logical_or(terminated, truncated)

@@ -11,7 +11,7 @@ from collections import deque
 
 import pytest
 import torch
-from oom import oom_prefix
+from helpers import oom_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "dqn_snake_vec.py")

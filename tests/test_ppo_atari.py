@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from oom import oom_prefix
+from helpers import oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")

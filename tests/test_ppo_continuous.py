@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from oom import oom_prefix
+from helpers import oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from helpers import wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -118,15 +119,6 @@ def wait_job(env, job, timeout):
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
         tasks[int(fields.get("ArrayTaskId", 0))] = (fields["JobState"], fields["ExitCode"])  # 0: not an array
     return tasks
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def run_dirs(repo, run_id):

@@ -9,9 +9,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from helpers import wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -109,15 +109,6 @@ def fake_checkpoint(repo, run_id, status, step, total, stamp=1700000000):
 
 def load_checkpoint(path):
     return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # ---------------------------------------------------------------- local mode: placement and pass-through
