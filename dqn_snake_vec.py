@@ -115,17 +115,8 @@ class Args:
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
 RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
 RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
-RUNTIME_FLAGS |= {
-    "eval_episodes",
-    "compile",
-    "cudagraphs",
-    "amp",
-    "micro_batch",
-    "env_mode",
-    "log_every",
-    "video_every",
-}
-RUNTIME_FLAGS |= {"buffer_device", "eval_epsilon"}
+RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_mode", "log_every"}
+RUNTIME_FLAGS |= {"video_every", "buffer_device", "eval_epsilon"}
 
 
 def validate(args):
@@ -179,40 +170,38 @@ class VecSnake:
         self.mode = ("dense" if self.device.type == "cuda" else "sparse") if mode == "auto" else mode
         # the smallest integer type that holds the longest snake (int8 on boards up to 125 cells)
         self.dtype = torch.int8 if self.hw < 2**7 - 1 else torch.int16 if self.hw < 2**15 - 1 else torch.int32
-        kw = dict(device=self.device)
-        hw = self.hw
-        w = self.w
-        # NEXT[cell, action]: the cell the head moves to, or hw (the wall cell) off the board
-        r, c = torch.arange(hw) // w, torch.arange(hw) % w
-        nxt = [torch.where(r > 0, r * w + c - w, hw), torch.where(c < w - 1, r * w + c + 1, hw)]
-        nxt += [torch.where(r < self.h - 1, r * w + c + w, hw), torch.where(c > 0, r * w + c - 1, hw)]
-        self._next = torch.stack(nxt, 1).to(self.device)
-        # TURN[direction, action]: the action taken, with a reverse into the neck replaced by going straight
-        self._turn_table = torch.tensor([[a if a != (d + 2) % 4 else d for a in range(4)] for d in range(4)], **kw)
+        # NEXT[cell, action]: the cell the head moves to, or H*W (the wall cell) off the board: read from the board's
+        # cell numbers framed by the wall cell, shifted one cell up, right, down and left
+        grid = torch.full((height + 2, width + 2), self.hw)
+        grid[1:-1, 1:-1] = torch.arange(self.hw).view(height, width)
+        moves = [grid[:-2, 1:-1], grid[1:-1, 2:], grid[2:, 1:-1], grid[1:-1, :-2]]
+        self._next = torch.stack(moves, -1).view(self.hw, 4).to(self.device)
+        # TURN[direction, action]: the action taken, with a reverse (d ^ 2) into the neck replaced by going straight
+        turn = [[a if a != d ^ 2 else d for a in range(4)] for d in range(4)]
+        self._turn_table = torch.tensor(turn, device=self.device)
         starts = []  # every valid start: head cell, heading, the 3 body cells head first, the same 3 sorted
         for d, (dr, dc) in enumerate([(-1, 0), (0, 1), (1, 0), (0, -1)]):
-            for r, c in (divmod(cell, w) for cell in range(hw)):
-                if 0 <= r - 2 * dr < self.h and 0 <= c - 2 * dc < w:
-                    cells = [(r - k * dr) * w + c - k * dc for k in range(3)]
+            for r, c in (divmod(cell, width) for cell in range(self.hw)):
+                if 0 <= r - 2 * dr < height and 0 <= c - 2 * dc < width:
+                    cells = [(r - k * dr) * width + c - k * dc for k in range(3)]
                     starts.append([cells[0], d, *cells, *sorted(cells)])
-        self._starts = torch.tensor(starts, **kw)
-        self._start_ages = torch.tensor([[3, 2, 1]], dtype=self.dtype, **kw)
-        self.ages = torch.zeros(self.n, hw + 1, dtype=self.dtype, **kw)
-        self.ages[:, hw] = torch.iinfo(self.dtype).max
-        self.board = self.ages[:, :hw]  # view of the real cells
-        z = torch.zeros(self.n, dtype=torch.long, **kw)
-        self.head = z.clone()  # flat cell index
-        self.direction = z.clone()
-        self.food = z.clone()
-        self.length = torch.zeros(self.n, dtype=self.dtype, **kw)
-        self.since_food = z.int()
-        self.score = z.int()
-        self.ep_len = z.int()
-        self.ep_return = torch.zeros(self.n, **kw)
+        self._starts = torch.tensor(starts, device=self.device)
+        self._start_ages = torch.tensor([[3, 2, 1]], dtype=self.dtype, device=self.device)
+        self.ages = torch.zeros(self.n, self.hw + 1, dtype=self.dtype, device=self.device)
+        self.ages[:, self.hw] = torch.iinfo(self.dtype).max
+        self.board = self.ages[:, : self.hw]  # view of the real cells
+        self.head = torch.zeros(self.n, dtype=torch.long, device=self.device)  # flat cell index
+        self.direction = torch.zeros(self.n, dtype=torch.long, device=self.device)
+        self.food = torch.zeros(self.n, dtype=torch.long, device=self.device)
+        self.length = torch.zeros(self.n, dtype=self.dtype, device=self.device)
+        self.since_food = torch.zeros(self.n, dtype=torch.int32, device=self.device)
+        self.score = torch.zeros(self.n, dtype=torch.int32, device=self.device)
+        self.ep_len = torch.zeros(self.n, dtype=torch.int32, device=self.device)
+        self.ep_return = torch.zeros(self.n, device=self.device)
         # 4 plane-major observation buffers used in turn (final and next, two steps deep): no allocation per step,
         # and only the head and food marks of the buffer's last use need clearing
-        self._bufs = [torch.zeros(4, self.n, hw, dtype=torch.uint8, **kw) for _ in range(4)]
-        self._row_base = torch.arange(self.n, **kw) * hw
+        self._bufs = [torch.zeros(4, self.n, self.hw, dtype=torch.uint8, device=self.device) for _ in range(4)]
+        self._row_base = torch.arange(self.n, device=self.device) * self.hw
         self._marks = [(self._row_base, self._row_base) for _ in range(4)]  # where each buffer has head and food
         self._turn = 0
 
@@ -355,15 +344,11 @@ class QNetwork(nn.Module):
         self.register_buffer("scale", torch.tensor([1.0, 1.0, 1.0, 1.0 / min(height * width, 255)]).view(1, 4, 1, 1))
         flat = 32 * ((height + 1) // 2) * ((width + 1) // 2)
         self.network = nn.Sequential(
-            nn.Conv2d(planes, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(32, 32, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(flat, 256),
-            nn.ReLU(),
+            nn.Conv2d(planes, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
+            nn.Linear(flat, 256), nn.ReLU(),
             nn.Linear(256, num_actions),
-        )
+        )  # fmt: skip
 
     def forward(self, x):
         *trunk, head = self.network
@@ -396,16 +381,13 @@ class NStep:
         self.rewards = torch.zeros(n, num_envs, device=device)
         self.terminated = torch.zeros(n, num_envs, dtype=torch.bool, device=device)
         self.ended = torch.zeros_like(self.terminated)
+        self.fields = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated, self.ended)
 
     def push(self, obs, actions, rewards, next_obs, terminated, ended):
         """Add one step (next_obs: the true observation after it); returns an n-step batch, or None while filling."""
         j = self.t % self.n
-        self.obs[j] = obs
-        self.next_obs[j] = next_obs
-        self.actions[j] = actions
-        self.rewards[j] = rewards
-        self.terminated[j] = terminated
-        self.ended[j] = ended
+        for store, value in zip(self.fields, (obs, actions, rewards, next_obs, terminated, ended)):
+            store[j] = value
         self.t += 1
         if self.t < self.n:
             return None
@@ -475,17 +457,6 @@ def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminat
 
 
 # ---------------------------------------------------------------- checkpoint and evaluation
-def rng_state(device) -> dict:
-    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
-    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
-
-
-def set_rng_state(state: dict, device) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def load_weights(modules: dict, ckpt: dict, path: str) -> None:
     """Load a checkpoint's states into ``modules`` (key -> module), or exit with one line when they do not fit."""
     try:
@@ -508,12 +479,12 @@ def load_checkpoint(path: str, training: bool = False) -> dict:
         raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(
-            f"cannot read checkpoint {path!r} ({type(exc).__name__}); is it a dqn_snake_vec file?"
-        ) from None
+    except Exception as e:
+        raise ValueError(f"cannot read checkpoint {path!r} ({type(e).__name__}); is it a dqn_snake_vec file?") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{path!r} is not a dqn_snake_vec checkpoint (no model/args); use one this script wrote")
+    if not {"height", "width"} <= set(ckpt["args"]):  # another script's file
+        raise ValueError(f"{path!r} is another script's checkpoint (no board size); use one dqn_snake_vec wrote")
     if training and not {"optimizer", "iteration", "global_step", "rng", "run_name", "env"} <= set(ckpt):
         raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
     return ckpt
@@ -556,8 +527,7 @@ if __name__ == "__main__":
         sys.exit(2)
 
     # ---------------- device, threads, seeds
-    cuda = device.type == "cuda"
-    if cuda:
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
@@ -604,14 +574,14 @@ if __name__ == "__main__":
     num_iterations = args.total_timesteps // n
     start_iteration = 0
     if ckpt:
-        load_weights(
-            dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env), ckpt, args.resume
-        )
+        modules = dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env)
+        load_weights(modules, ckpt, args.resume)
         obs = env.observe()
-        set_rng_state(ckpt["rng"][0], device)
+        gpu_utils.set_rng_state(ckpt["rng"][0], device)
         start_iteration = ckpt["iteration"]
         print(f"resumed {args.resume} at step {ckpt['global_step']} (iteration {start_iteration}/{num_iterations}); "
               "the replay memory starts empty")  # fmt: skip
+    global_step = start_iteration * n
 
     def act(obs, epsilon):
         with torch.no_grad():
@@ -638,25 +608,23 @@ if __name__ == "__main__":
     resident_bytes = sum(t.nbytes for t in resident)
     est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], 3 * args.batch_size)
     print(est)
-    writer.add_scalar("memory/estimated_mib", est.total / 2**20, start_iteration * n)
+    writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
 
     stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
 
     def checkpoint(iteration, status):
-        state = dict(
-            model=q_network.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=[rng_state(device)]
-        )
-        state |= dict(iteration=iteration, global_step=iteration * n, run_name=run_name, status=status)
-        state |= dict(target_network=target_network.state_dict(), env=env.state_dict())
+        state = dict(model=q_network.state_dict(), target_network=target_network.state_dict(), env=env.state_dict())
+        state |= dict(optimizer=optimizer.state_dict(), args=vars(args), rng=[gpu_utils.rng_state(device)])
+        state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
         save_checkpoint(f"runs/{run_name}/checkpoint.pt", wandb_id=wandb.run.id if args.track else None, **state)
 
     # ---------------- training loop: one iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
     learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
     exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
-    pbar = tqdm(total=num_iterations * n, initial=start_iteration * n, disable=not args.progress_bar, unit_scale=True)
+    pbar = tqdm(total=num_iterations * n, initial=global_step, disable=not args.progress_bar, unit_scale=True)
     # info key -> chart of the per-episode means logged; ep_stats: episodes finished, then their sums
     episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
     episode_charts["length"] = "snake_length"
@@ -674,7 +642,7 @@ if __name__ == "__main__":
     iteration = start_iteration
     monitor = gpu_utils.GPUMonitor(device).start()
     while iteration < num_iterations:
-        epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * iteration * n / exploration_steps)
+        epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * global_step / exploration_steps)
         actions = act(obs, epsilon_t.fill_(epsilon))
         next_obs, rewards, terminated, truncated, info = env.step(actions)
         ended = terminated | truncated
@@ -695,7 +663,7 @@ if __name__ == "__main__":
                 from moviepy import ImageSequenceClip
 
                 os.makedirs(f"videos/{run_name}", exist_ok=True)
-                path = f"videos/{run_name}/step{(iteration + 1) * n}.mp4"
+                path = f"videos/{run_name}/step{global_step + n}.mp4"
                 ImageSequenceClip(frames, fps=10).write_videofile(path, logger=None)
                 if args.track:
                     wandb.log({"videos": wandb.Video(path)}, commit=False)
@@ -703,12 +671,13 @@ if __name__ == "__main__":
                 frames = []
         obs = next_obs
         iteration += 1
+        global_step += n
         if iteration >= learning_starts_iteration and rb.size >= args.batch_size:
             for _ in range(args.updates_per_step):
                 stats, used = gpu_utils.accumulate_gradients(mb_loss, rb.sample(args.batch_size), micro_batch, params)
                 if used != micro_batch:
                     print(f"micro-batch: CUDA out of memory at {micro_batch} rows, now {used} rows per backward pass")
-                    writer.add_scalar("memory/micro_batch", used, iteration * n)
+                    writer.add_scalar("memory/micro_batch", used, global_step)
                 micro_batch = used
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
@@ -720,7 +689,6 @@ if __name__ == "__main__":
 
         # ---------------- logging: one pull of scalars to the host per log window
         if iteration % log_interval == 0 or iteration == num_iterations or stop:
-            global_step = iteration * n
             count, *sums = ep_stats.tolist()
             updates, loss, q_mean = train_stats.tolist()
             windows.append(((iteration - last_log_iteration) * n, time.perf_counter() - window_start))
@@ -728,17 +696,14 @@ if __name__ == "__main__":
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
             if len(windows) > 1:  # the first window after a start or resume is warm-up (compile, caches, no learning)
                 logs["charts/SPS"] = sps
+            recent = "-"
             if count:
                 logs |= {f"charts/{chart}": value / count for chart, value in zip(episode_charts.values(), sums)}
+                recent = f"return {logs['charts/episodic_return']:.2f}, length {logs['charts/snake_length']:.1f}"
             if updates:
                 logs |= {"losses/td_loss": loss / updates, "losses/q_values": q_mean / updates}
             for key, value in {**logs, **monitor.collect()}.items():
                 writer.add_scalar(key, value, global_step)
-            recent = (
-                f"return {logs['charts/episodic_return']:.2f}, length {logs['charts/snake_length']:.1f}"
-                if count
-                else "-"
-            )
             pbar.set_postfix_str(f"SPS={sps:,.0f} eps={epsilon:.2f} {recent}", refresh=False)
             pbar.update(global_step - pbar.n)
             if not args.progress_bar:
@@ -750,7 +715,7 @@ if __name__ == "__main__":
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop:
             checkpoint(iteration, "stopped" if stop else "running")
         if stop:
-            print(f"stopping on {stop[0]}: checkpoint at step {iteration * n}; "
+            print(f"stopping on {stop[0]}: checkpoint at step {global_step}; "
                   f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt")  # fmt: skip
             break
 
@@ -762,13 +727,13 @@ if __name__ == "__main__":
         if args.save_model:
             torch.save({"model": q_network.state_dict(), "args": vars(args)}, f"runs/{run_name}/{args.exp_name}.model")
             print(f"model saved to runs/{run_name}/{args.exp_name}.model")
-    if cuda:
+    if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
-        writer.add_scalar("memory/peak_allocated_mib", peak, iteration * n)
+        writer.add_scalar("memory/peak_allocated_mib", peak, global_step)
         print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
     steady = windows[1:] or windows  # the first window is warm-up
     sps = sum(s for s, _ in steady) / max(sum(t for _, t in steady), 1e-9)
-    print(f"done: step {iteration * n}/{num_iterations * n} in {time.time() - train_start:.1f}s, {sps:,.0f} SPS, "
+    print(f"done: step {global_step}/{num_iterations * n} in {time.time() - train_start:.1f}s, {sps:,.0f} SPS, "
           f"run dir runs/{run_name}")  # fmt: skip
     writer.close()
     if args.track:

@@ -1,7 +1,8 @@
 """Small GPU helpers shared by the training scripts.
 
-Device choice (``auto``/``true``/``false``/index) and rotation of runs across GPUs, TF32, CPU thread budgets,
-batch-size choice, memory estimates, out-of-memory-safe micro-batching and a sampling GPU monitor.
+Device choice (``auto``/``true``/``false``/index) and rotation of runs across GPUs, TF32, the device's random state
+for checkpoints, CPU thread budgets, batch-size choice, memory estimates, out-of-memory-safe micro-batching and a
+sampling GPU monitor.
 Importing this module has no side effects. ``python gpu_utils.py`` prints what this machine offers.
 """
 
@@ -113,6 +114,20 @@ def enable_tf32(enabled: bool = True, deterministic: bool = False) -> bool:
     torch.backends.cudnn.allow_tf32 = on
     torch.set_float32_matmul_precision("high" if on else "highest")
     return on
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random state a checkpoint keeps: torch's CPU generator and, on a GPU, that device's. These are all a run
+    draws from after its start (python's and numpy's are seeded once; environments keep their own)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what :func:`rng_state` returned; a GPU state is restored only onto a GPU."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def available_cpus() -> int:

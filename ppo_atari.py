@@ -6,7 +6,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal
 
 import ale_py  # importing it registers the ALE/<Game>-v5 ids with gymnasium
 import gymnasium as gym
@@ -16,7 +15,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
 import tyro
-from PIL import Image
 from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -49,7 +47,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """record videos of env 0 to videos/<run_name> (ale backend: the agent's 84x84 view; gymnasium: RGB frames)"""
+    """record env 0's games as the agent sees them (84x84 frames) to videos/<run_name>, on a cubic schedule"""
     progress_bar: bool = True
     """show a progress bar (off: a log line every 10 iterations)"""
     checkpoint_every: int = 100
@@ -74,8 +72,6 @@ class Args:
     # Algorithm specific arguments
     env_id: str = "ALE/Breakout-v5"
     """any ALE/<Game>-v5 id"""
-    env_backend: Literal["ale", "gymnasium"] = "ale"
-    """ale: ale-py's threaded C++ AtariVectorEnv; gymnasium: SyncVectorEnv of gym.make envs (for debugging)"""
     env_threads: int = 0
     """threads stepping the ale envs (0: the run's CPU threads, at most one per env)"""
     max_episode_frames: int = 108_000
@@ -121,66 +117,20 @@ class Args:
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
 RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
 RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
-RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_backend", "env_threads"}
-RUNTIME_FLAGS |= {"channels_last"}
+RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_threads", "channels_last"}
 
 
 # ---------------------------------------------------------------- environment
-def make_gym_env(env_id: str, max_frames: int, video_folder: str | None = None):
-    """A gymnasium ALE v5 env, preprocessed in Python (no OpenCV) like AtariVectorEnv: up to 30 no-op starts, FIRE on
-    reset where the game needs it, frameskip 4 with a max over the last two frames, 84x84 grayscale, 4-frame stack."""
-
-    class Preprocess(gym.Wrapper):
-        def __init__(self, env):
-            super().__init__(env)
-            self.observation_space = gym.spaces.Box(0, 255, (84, 84), np.uint8)
-            self.fire = env.unwrapped.get_action_meanings()[1] == "FIRE"
-
-        def frame(self, a, b):
-            return np.asarray(Image.fromarray(np.maximum(a, b)).resize((84, 84), Image.BILINEAR))
-
-        def reset(self, **kwargs):
-            obs, info = self.env.reset(**kwargs)
-            for action in [0] * int(self.np_random.integers(0, 31)) + [1] * self.fire:
-                obs, _, terminated, truncated, info = self.env.step(action)
-                if terminated or truncated:
-                    obs, info = self.env.reset()
-            return self.frame(obs, obs), info
-
-        def step(self, action):
-            total = 0.0
-            frames = []
-            for _ in range(4):
-                obs, reward, terminated, truncated, info = self.env.step(action)
-                total += reward
-                frames = (frames + [obs])[-2:]
-                if terminated or truncated:
-                    break
-            return self.frame(frames[0], frames[-1]), total, terminated, truncated, info
-
-    kwargs = dict(frameskip=1, repeat_action_probability=0.25, full_action_space=False, obs_type="grayscale")
-    env = gym.make(
-        env_id, render_mode="rgb_array" if video_folder else None, max_num_frames_per_episode=max_frames, **kwargs
-    )
-    if video_folder:
-        env = gym.wrappers.RecordVideo(env, video_folder)
-    return gym.wrappers.FrameStackObservation(Preprocess(env), 4)
-
-
-def make_envs(args, num_envs: int, env_threads: int, video_folder: str | None = None):
-    """Vector env, v5 semantics, raw rewards, game-over terminals, SameStep autoreset (the last observation of a
-    finished game is in info["final_obs"]); video_folder: gymnasium backend only."""
-    if args.env_backend == "ale":
-        return ale_py.AtariVectorEnv(
-            gym.spec(args.env_id).kwargs["game"], num_envs, repeat_action_probability=0.25, full_action_space=False,
-            num_threads=min(env_threads, num_envs), autoreset_mode="SameStep", frameskip=4, maxpool=True,
-            img_height=84, img_width=84, grayscale=True, stack_num=4, noop_max=30, use_fire_reset=True,
-            episodic_life=False, life_loss_info=False, reward_clipping=False,
-            max_num_frames_per_episode=args.max_episode_frames,
-        )  # fmt: skip
-    thunks = [lambda i=i: make_gym_env(args.env_id, args.max_episode_frames, video_folder if i == 0 else None)
-              for i in range(num_envs)]  # fmt: skip
-    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+def make_envs(args, num_envs: int, env_threads: int):
+    """ale-py's C++ vector env stepped by threads: v5 semantics, raw rewards, game-over terminals, SameStep autoreset
+    (the last observation of a finished game is in info["final_obs"])."""
+    return ale_py.AtariVectorEnv(
+        gym.spec(args.env_id).kwargs["game"], num_envs, repeat_action_probability=0.25, full_action_space=False,
+        num_threads=min(env_threads, num_envs), autoreset_mode="SameStep", frameskip=4, maxpool=True,
+        img_height=84, img_width=84, grayscale=True, stack_num=4, noop_max=30, use_fire_reset=True,
+        episodic_life=False, life_loss_info=False, reward_clipping=False,
+        max_num_frames_per_episode=args.max_episode_frames,
+    )  # fmt: skip
 
 
 class EpisodeTracker:
@@ -269,6 +219,11 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
+# ppo_loss's stats in order, then the two the loop adds: the first minibatch's RMS(ratio - 1), explained variance
+LOSS_NAMES = ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"]
+LOSS_NAMES += ["initial_ratio_error", "explained_variance"]
+
+
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
     """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, stats): value
     loss, policy loss, entropy, old and new approximate KL, clip fraction, mean (ratio - 1)^2."""
@@ -284,11 +239,9 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
     else:
         v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
     with torch.no_grad():
-        kl = torch.stack([(-logratio).mean(), ((ratio - 1) - logratio).mean()])
+        kl = [(-logratio).mean(), ((ratio - 1) - logratio).mean()]
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-        stats = torch.cat(
-            [torch.stack([v_loss, pg_loss, entropy]), kl, torch.stack([clipfrac, ((ratio - 1) ** 2).mean()])]
-        )
+        stats = torch.stack([v_loss, pg_loss, entropy, *kl, clipfrac, ((ratio - 1) ** 2).mean()])
     return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
 
 
@@ -304,17 +257,6 @@ def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- checkpoint and evaluation
-def rng_state(device) -> dict:
-    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
-    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
-
-
-def set_rng_state(state: dict, device) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def load_weights(agent, optimizer, ckpt: dict, path: str) -> None:
     """Load a checkpoint's model (and optimizer) state, or exit with one line when it does not fit this network."""
     try:
@@ -322,9 +264,8 @@ def load_weights(agent, optimizer, ckpt: dict, path: str) -> None:
         if optimizer is not None:
             optimizer.load_state_dict(ckpt["optimizer"])
     except (RuntimeError, ValueError) as exc:
-        print(
-            f"error: {path!r} does not fit the network/env ({str(exc).strip().splitlines()[0][:120]})", file=sys.stderr
-        )
+        reason = str(exc).strip().splitlines()[0][:120]
+        print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
         sys.exit(2)
 
 
@@ -344,6 +285,8 @@ def load_checkpoint(path: str, training: bool = False) -> dict:
         raise ValueError(f"cannot read checkpoint {path!r} ({type(exc).__name__}); is it a ppo_atari file?") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{path!r} is not a ppo_atari checkpoint (no model/args); use one this script wrote")
+    if not str(ckpt["args"].get("env_id")).startswith("ALE/"):  # another script's file
+        raise ValueError(f"{path!r} is another script's checkpoint (no ALE/<Game>-v5 env id); use one ppo_atari wrote")
     if training and not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
         raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
     return ckpt
@@ -454,8 +397,7 @@ if __name__ == "__main__":
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
 
     # ---------------- env and network
-    video_dir = f"videos/{run_name}" if args.capture_video and is_main else None
-    envs = make_envs(args, args.num_envs, env_threads, video_dir if args.env_backend == "gymnasium" else None)
+    envs = make_envs(args, args.num_envs, env_threads)
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     agent = Agent(envs.single_action_space.n, args.amp).to(device, memory_format=memory_format)
     params = list(agent.parameters())
@@ -465,7 +407,7 @@ if __name__ == "__main__":
     global_step = 0
     if ckpt:
         load_weights(agent, optimizer, ckpt, args.resume)
-        set_rng_state(ckpt["rng"][rank], device)  # each process continues its own sampling noise and shuffles
+        gpu_utils.set_rng_state(ckpt["rng"][rank], device)  # each process continues its own noise and shuffles
         start_iteration = ckpt["iteration"] + 1
         global_step = ckpt["global_step"]
         if is_main:
@@ -513,7 +455,7 @@ if __name__ == "__main__":
         signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
 
     def checkpoint(iteration, status):
-        rng = [rng_state(device)] * world_size
+        rng = [gpu_utils.rng_state(device)] * world_size
         if distributed:  # every process's RNG state goes into rank 0's file, so each continues its own on --resume
             dist.all_gather_object(rng, rng[0])
         if is_main:
@@ -528,7 +470,7 @@ if __name__ == "__main__":
     host_obs_np[:], info = envs.reset(seed=env_seed)
     next_obs = host_obs.to(device, non_blocking=True, copy=True)
     tracker = EpisodeTracker(args.num_envs, info["lives"])
-    recorder = AgentViewRecorder(video_dir) if video_dir and args.env_backend == "ale" else None
+    recorder = AgentViewRecorder(f"videos/{run_name}") if args.capture_video and is_main else None
     recent_returns = []
     iteration_times = []
     stopping = False
@@ -617,11 +559,8 @@ if __name__ == "__main__":
                 writer.add_scalar("charts/episodic_return", ret, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
                 recent_returns = (recent_returns + [ret])[-20:]
-            names = (
-                "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac initial_ratio_error explained_variance"
-            )
             scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"], **monitor.collect()}
-            scalars |= {f"losses/{name}": value for name, value in zip(names.split(), losses)}
+            scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
             sps = args.batch_size / iteration_times[-1]
             if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
                 scalars["charts/SPS"] = sps
@@ -631,9 +570,8 @@ if __name__ == "__main__":
             pbar.set_postfix(SPS=f"{sps:,.0f}", ret=recent)
             pbar.update(args.batch_size)
             if not args.progress_bar and (iteration % 10 == 0 or iteration == args.num_iterations):
-                print(
-                    f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, return {recent}"
-                )
+                print(f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, "
+                      f"return {recent}")  # fmt: skip
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping:
             checkpoint(iteration, "stopped" if stopping else "running")
         if stopping:

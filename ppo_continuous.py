@@ -128,13 +128,10 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
     """Fill unset (None) fields from the preset, then DEFAULTS; a flag passed at all (even at its default) wins.
     Returns the args and where each of these settings came from."""
     preset = PRESETS.get(args.preset, {})
-    sources = {}
-    for key in ("num_envs", "num_steps", "update_epochs", "network_arch"):
-        sources[key] = (
-            "command line" if getattr(args, key) is not None else f"preset {args.preset}" if preset else "default"
-        )
-        if getattr(args, key) is None:
-            setattr(args, key, preset.get(key, DEFAULTS[key]))
+    unset = f"preset {args.preset}" if preset else "default"  # where a setting that was not passed comes from
+    keys = ("num_envs", "num_steps", "update_epochs", "network_arch")
+    sources = {key: unset if getattr(args, key) is None else "command line" for key in keys}
+    vars(args).update({key: preset.get(key, DEFAULTS[key]) for key in keys if getattr(args, key) is None})
     if min(args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes) < 1:
         raise ValueError("--num-envs, --num-steps, --update-epochs and --eval-episodes must be at least 1")
     if not 0.0 <= args.gae_lambda <= 1.0:
@@ -158,6 +155,7 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
             sources["minibatch_size"] = f"auto, <= {target}" if requested.strip().lower() == "auto" else "command line"
         args.minibatch_size = str(size)
     args.num_minibatches = total // int(args.minibatch_size)
+    sources["num_minibatches"] = sources["minibatch_size"]  # one follows from the other
     return args, sources
 
 
@@ -191,12 +189,17 @@ class DropInfo(gym.Wrapper):
 
 
 class RunningMeanStd:
-    """Running mean/variance on the host (numpy, float64), parallel-update formula as gymnasium's wrappers."""
+    """Running mean/variance on the host (numpy, float64), parallel-update formula as gymnasium's wrappers. Its
+    (mean, var, count) go into checkpoints and saved models, so a loaded policy sees what it saw in training."""
 
-    def __init__(self, shape=()):
-        self.mean = np.zeros(shape)
-        self.var = np.ones(shape)
-        self.count = 1e-4
+    def __init__(self, shape=(), state=None):  # state: the (mean, var, count) of a checkpoint
+        mean, var, count = (np.zeros(shape), np.ones(shape), 1e-4) if state is None else state
+        self.mean = np.asarray(mean, dtype=np.float64)
+        self.var = np.asarray(var, dtype=np.float64)
+        self.count = float(count)
+
+    def state(self) -> tuple:  # floats and lists of floats: exact, and torch.load(weights_only=True) reads them
+        return self.mean.tolist(), self.var.tolist(), float(self.count)
 
     def update(self, x):
         b_count = x.shape[0]
@@ -217,24 +220,6 @@ class RunningMeanStd:
 
 
 # ---------------------------------------------------------------- network
-class ObsNormalizer(nn.Module):
-    """Observation-normalisation statistics as buffers, so they are saved and loaded with the model."""
-
-    def __init__(self, obs_dim):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(obs_dim, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(obs_dim, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-
-    def forward(self, obs):
-        return ((obs - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0).float()
-
-    def load_rms(self, rms: RunningMeanStd):
-        self.mean.copy_(torch.from_numpy(np.asarray(rms.mean)))
-        self.var.copy_(torch.from_numpy(np.asarray(rms.var)))
-        self.count.fill_(rms.count)
-
-
 def layer_init(layer, std=2**0.5, bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -254,7 +239,6 @@ class Agent(nn.Module):
     def __init__(self, obs_dim, act_dim, hidden, amp: bool = False):
         super().__init__()
         self.amp = amp  # bf16 for the hidden layers only: output layers, log-probs and values stay fp32
-        self.obs_norm = ObsNormalizer(obs_dim)
         self.critic = mlp(obs_dim, hidden, 1, out_std=1.0)
         self.actor_mean = mlp(obs_dim, hidden, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
@@ -275,9 +259,6 @@ class Agent(nn.Module):
     def value(self, norm_obs):
         return self.run(self.critic, norm_obs).view(-1)
 
-    def act(self, raw_obs):  # raw observations -> deterministic (mean) actions, with the saved statistics
-        return self.mean(self.obs_norm(raw_obs))
-
 
 # ---------------------------------------------------------------- algorithm
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
@@ -291,6 +272,11 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
+# ppo_loss's stats in order, then the two the loop adds: the first minibatch's RMS(ratio - 1), explained variance
+LOSS_NAMES = ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"]
+LOSS_NAMES += ["initial_ratio_error", "explained_variance"]
+
+
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
     """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, stats): value
     loss, policy loss, entropy, old and new approximate KL, clip fraction, mean (ratio - 1)^2."""
@@ -301,18 +287,16 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
     newvalue = agent.value(obs)
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     if clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
     else:
         v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
     with torch.no_grad():
-        kl = torch.stack([(-logratio).mean(), ((ratio - 1) - logratio).mean()])
+        kl = [(-logratio).mean(), ((ratio - 1) - logratio).mean()]
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-        stats = torch.cat(
-            [torch.stack([v_loss, pg_loss, entropy]), kl, torch.stack([clipfrac, ((ratio - 1) ** 2).mean()])]
-        )
+        stats = torch.stack([v_loss, pg_loss, entropy, *kl, clipfrac, ((ratio - 1) ** 2).mean()])
     return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
 
 
@@ -323,17 +307,6 @@ def clip_grad_norm(grads, max_norm):
 
 
 # ---------------------------------------------------------------- checkpoint and evaluation
-def rng_state(device) -> dict:
-    """Torch's generators are all a run draws from (python's and numpy's are seeded, the envs have their own)."""
-    return dict(torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
-
-
-def set_rng_state(state: dict, device) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def load_weights(agent, optimizer, ckpt: dict, path: str) -> None:
     """Load a checkpoint's model (and optimizer) state, or exit with one line when it does not fit this network."""
     try:
@@ -341,9 +314,8 @@ def load_weights(agent, optimizer, ckpt: dict, path: str) -> None:
         if optimizer is not None:
             optimizer.load_state_dict(ckpt["optimizer"])
     except (RuntimeError, ValueError) as exc:
-        print(
-            f"error: {path!r} does not fit the network/env ({str(exc).strip().splitlines()[0][:120]})", file=sys.stderr
-        )
+        reason = str(exc).strip().splitlines()[0][:120]
+        print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
         sys.exit(2)
 
 
@@ -360,28 +332,31 @@ def load_checkpoint(path: str, training: bool = False) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(
-            f"cannot read checkpoint {path!r} ({type(exc).__name__}); is it a ppo_continuous file?"
-        ) from None
+        problem = f"cannot read checkpoint {path!r} ({type(exc).__name__})"
+        raise ValueError(f"{problem}; is it a ppo_continuous file?") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{path!r} is not a ppo_continuous checkpoint (no model/args); use one this script wrote")
+    if "network_arch" not in ckpt["args"]:  # another script's file
+        raise ValueError(f"{path!r} is another script's checkpoint (no --network-arch); use one ppo_continuous wrote")
     if training and not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
         raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
+    if "obs_norm.mean" in ckpt["model"]:  # written when the model held the observation statistics as buffers
+        ckpt["obs_rms"] = [ckpt["model"].pop(f"obs_norm.{name}") for name in ("mean", "var", "count")]
     ckpt["args"] = {k: v for k, v in ckpt["args"].items() if k in Args.__dataclass_fields__}
     return ckpt
 
 
 @torch.no_grad()
-def evaluate(envs, act, seed: int) -> np.ndarray:
-    """Play one episode in every env and return each env's first return (averaging episodes in the order they end
-    would favour short ones)."""
+def evaluate(envs, agent, obs_rms, seed: int) -> np.ndarray:
+    """Play one episode in every env with the mean actions and return each env's first return (averaging episodes in
+    the order they end would favour short ones)."""
     obs, _ = envs.reset(seed=seed)
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
     low, high = envs.single_action_space.low, envs.single_action_space.high
     while not finished.all():
-        action = np.clip(act(torch.from_numpy(np.asarray(obs, dtype=np.float64))).numpy(), low, high)
-        obs, reward, terminated, truncated, _ = envs.step(action)
+        norm_obs = torch.as_tensor(obs_rms.normalize(obs, False), dtype=torch.float32)
+        obs, reward, terminated, truncated, _ = envs.step(np.clip(agent.mean(norm_obs).numpy(), low, high))
         returns += reward * ~finished
         finished |= terminated | truncated
     return returns
@@ -393,19 +368,17 @@ if __name__ == "__main__":
     try:
         ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
+        if eval_ckpt:  # the network to load; the seed and the number of episodes come from the command line
+            args.env_id = eval_ckpt["args"]["env_id"]
+            args.network_arch = eval_ckpt["args"]["network_arch"]
         if ckpt:  # the run's settings; how and where it runs comes from the command line
             vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_FLAGS})
-            sources = {}
+            sources = dict.fromkeys(ckpt["args"], "checkpoint")
         else:
-            if eval_ckpt:  # the network to load; the seed and the number of episodes come from the command line
-                args.env_id = eval_ckpt["args"]["env_id"]
-                args.network_arch = eval_ckpt["args"]["network_arch"]
             args, sources = resolve_args(args)
         hidden = hidden_sizes(args.network_arch)
-        try:
-            gym.spec(args.env_id)
-        except gym.error.Error:
-            raise ValueError(f"unknown env id {args.env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1") from None
+        if args.env_id not in gym.envs.registry:
+            raise ValueError(f"unknown env id {args.env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1")
         with gym.make(args.env_id) as probe:
             act_space = probe.action_space
         if not isinstance(act_space, gym.spaces.Box):
@@ -422,10 +395,8 @@ if __name__ == "__main__":
         # a small MLP runs faster on the CPU: one host<->device round trip per env step costs more than the GPU saves
         small = max(hidden) < 256 and args.preset is None
         if args.gpu == "auto" and small:
-            device = torch.device("cpu")
-            device_why = (
-                f"--gpu auto: network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
-            )
+            why = f"network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
+            device, device_why = torch.device("cpu"), f"--gpu auto: {why}"
         else:
             device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
         if args.cudagraphs and device.type != "cuda":
@@ -452,10 +423,9 @@ if __name__ == "__main__":
         envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, False, "", False) for i in range(args.eval_episodes)])
         agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden, args.amp)
         load_weights(agent, None, eval_ckpt, args.eval_checkpoint)
-        returns = evaluate(envs, agent.act, args.seed)
-        print(
-            f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"
-        )
+        returns = evaluate(envs, agent, RunningMeanStd(state=eval_ckpt["obs_rms"]), args.seed)
+        print(f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} "
+              f"over {len(returns)} episodes")  # fmt: skip
         sys.exit(0)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
@@ -463,8 +433,7 @@ if __name__ == "__main__":
     print(f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
-            default = "default" if value == getattr(Args, key) else "command line"
-            source = "checkpoint" if ckpt else sources.get(key, default)
+            source = sources.get(key, "default" if value == getattr(Args, key) else "command line")
             print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
@@ -493,20 +462,13 @@ if __name__ == "__main__":
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
-    # the host keeps the observation statistics (cheap per step) and copies them into agent.obs_norm on save
-    obs_rms = RunningMeanStd(obs_dim)
-    ret_rms = RunningMeanStd()
-    start_iteration = 1
-    global_step = 0
+    obs_rms = RunningMeanStd(obs_dim, ckpt["obs_rms"] if ckpt else None)  # on the host: cheap per step
+    ret_rms = RunningMeanStd((), ckpt["ret_rms"] if ckpt else None)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
     if ckpt:
         load_weights(agent, optimizer, ckpt, args.resume)
-        obs_rms.mean = agent.obs_norm.mean.cpu().numpy().copy()
-        obs_rms.var = agent.obs_norm.var.cpu().numpy().copy()
-        obs_rms.count = agent.obs_norm.count.item()
-        ret_rms.mean, ret_rms.var, ret_rms.count = ckpt["ret_rms"]
-        set_rng_state(ckpt["rng"][0], device)
-        start_iteration = ckpt["iteration"] + 1
-        global_step = ckpt["global_step"]
+        gpu_utils.set_rng_state(ckpt["rng"][0], device)
         print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{num_iterations})")
 
     @torch.no_grad()
@@ -541,12 +503,10 @@ if __name__ == "__main__":
         signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
 
     def checkpoint(iteration, status):
-        agent.obs_norm.load_rms(obs_rms)
-        state = dict(
-            model=agent.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=[rng_state(device)]
-        )
+        rng = [gpu_utils.rng_state(device)]
+        state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=rng)
         state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
-        state["ret_rms"] = (float(ret_rms.mean), float(ret_rms.var), float(ret_rms.count))
+        state |= dict(obs_rms=obs_rms.state(), ret_rms=ret_rms.state())
         save_checkpoint(f"runs/{run_name}/checkpoint.pt", wandb_id=wandb.run.id if args.track else None, **state)
 
     # ---------------- training loop
@@ -557,7 +517,6 @@ if __name__ == "__main__":
     discounted = np.zeros(args.num_envs)  # the discounted return that scales the rewards
     recent_returns = []
     iteration_times = []
-    iteration = start_iteration - 1
     train_start = time.time()
     pbar = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress_bar)
     monitor = gpu_utils.GPUMonitor(device).start()
@@ -611,23 +570,13 @@ if __name__ == "__main__":
             )
 
         # ---------------- update: shuffle once per epoch, then contiguous minibatch slices
-        batch = [
-            b_obs,
-            actions.view(-1, act_dim),
-            logprobs.view(-1),
-            advantages.view(-1),
-            returns.view(-1),
-            values.view(-1),
-        ]
+        batch = [b_obs, actions.view(-1, act_dim), *(x.view(-1) for x in (logprobs, advantages, returns, values))]
         first_stats = None  # of the first minibatch, before any step: its ratio must be 1 up to rounding
         for _epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
-            shuffled = [x[perm] for x in batch]
+            minibatches = zip(*(x[perm].split(minibatch_size) for x in batch))
             stats = torch.zeros(7, device=device)
-            for start in range(0, batch_size, minibatch_size):
-                mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = (
-                    x[start : start + minibatch_size] for x in shuffled
-                )
+            for mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values in minibatches:
                 if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
                 data = (mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values)
@@ -648,9 +597,8 @@ if __name__ == "__main__":
         explained_var = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
         losses = torch.cat([stats[:6], first_stats[6:].sqrt(), explained_var[None]]).tolist()
         iteration_times.append(time.perf_counter() - iteration_start)
-        names = "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac initial_ratio_error explained_variance"
         scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"], **monitor.collect()}
-        scalars |= {f"losses/{name}": value for name, value in zip(names.split(), losses)}
+        scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
         sps = batch_size / iteration_times[-1]
         if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
             scalars["charts/SPS"] = sps
@@ -674,9 +622,9 @@ if __name__ == "__main__":
     if not stop and num_iterations >= start_iteration:
         checkpoint(iteration, "finished")
     if args.save_model and not stop:
-        agent.obs_norm.load_rms(obs_rms)
-        torch.save({"model": agent.state_dict(), "args": vars(args)}, f"runs/{run_name}/{args.exp_name}.model")
-        print(f"model saved to runs/{run_name}/{args.exp_name}.model")
+        model_path = f"runs/{run_name}/{args.exp_name}.model"
+        torch.save({"model": agent.state_dict(), "args": vars(args), "obs_rms": obs_rms.state()}, model_path)
+        print(f"model saved to {model_path}")
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         writer.add_scalar("memory/peak_allocated_mib", peak, global_step)

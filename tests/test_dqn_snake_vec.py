@@ -505,6 +505,9 @@ def test_bad_checkpoints_are_rejected(tmp_path):
         load_checkpoint(str(tmp_path / "other.pt"))
     with pytest.raises(FileNotFoundError):
         load_checkpoint(str(tmp_path / "missing.pt"))
+    torch.save({"model": {}, "args": {"env_id": "ALE/Breakout-v5"}}, tmp_path / "atari.model")  # ppo_atari's
+    with pytest.raises(ValueError, match="another script's checkpoint"):
+        load_checkpoint(str(tmp_path / "atari.model"))
 
 
 # ---------------------------------------------------------------- the trust review's defects

@@ -280,6 +280,19 @@ def test_cudnn_benchmark_only_without_determinism(monkeypatch):
         gpu_utils.enable_tf32(False)
 
 
+def test_rng_state_round_trip_and_gpu_state_on_cpu():
+    device = torch.device("cpu")
+    torch.manual_seed(5)
+    state = gpu_utils.rng_state(device)
+    first = torch.rand(3)
+    gpu_utils.set_rng_state(state, device)
+    assert torch.equal(torch.rand(3), first)
+    assert state["cuda"] is None
+    # a checkpoint written on a GPU resumes on a CPU: the CPU generator continues, the GPU state is left alone
+    gpu_utils.set_rng_state({"torch": state["torch"], "cuda": torch.zeros(16, dtype=torch.uint8)}, device)
+    assert torch.equal(torch.rand(3), first)
+
+
 def test_thread_budget(monkeypatch):
     for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)

@@ -152,12 +152,6 @@ def test_eval_saved_model_and_checkpoint(base_run):
         )
 
 
-def test_gymnasium_backend(tmp_path):
-    out = run([*TINY, "--total-timesteps", "64", "--env-backend", "gymnasium"], tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "done: step 64/64 in" in out.stdout
-
-
 def test_torchrun_two_processes_gloo(tmp_path):
     prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
     out = run([*TINY, "--total-timesteps", "128", "--gpu", "false"], tmp_path, prefix=prefix)
@@ -173,7 +167,9 @@ def bad_checkpoint(tmp_path_factory):
     torch.save({"weights": [1, 2, 3]}, path)
     wrong = path.parent / "wrong.pt"
     torch.save({"model": {"fc.weight": torch.zeros(2)}, "args": {"env_id": "ALE/Breakout-v5"}}, wrong)
-    return path, wrong
+    other = path.parent / "continuous.model"  # another script's saved model
+    torch.save({"model": {}, "args": {"env_id": "Hopper-v5", "network_arch": "64,64"}}, other)
+    return path, wrong, other
 
 
 @pytest.mark.parametrize(
@@ -191,12 +187,14 @@ def bad_checkpoint(tmp_path_factory):
         (["--resume", "BAD"], "not a ppo_atari checkpoint"),
         (["--eval-checkpoint", "WRONG"], "does not fit"),
         (["--resume", "WRONG"], "holds no training state"),
+        (["--eval-checkpoint", "OTHER"], "another script's checkpoint"),
     ],
 )
 def test_bad_input_gives_one_line_error(args, needle, tmp_path, bad_checkpoint):
     if args[:1] == ["--gpu"] and torch.cuda.device_count() > (0 if args[1] == "true" else 3):
         pytest.skip("this machine can satisfy the request")
-    args = [str(bad_checkpoint[0]) if a == "BAD" else str(bad_checkpoint[1]) if a == "WRONG" else a for a in args]
+    files = dict(zip(["BAD", "WRONG", "OTHER"], map(str, bad_checkpoint)))
+    args = [files.get(a, a) for a in args]
     base = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "64", "--no-progress-bar"]
     if "--minibatch-size" not in args and "--num-minibatches" not in args:
         base += ["--minibatch-size", "16"]

@@ -55,7 +55,7 @@ def test_defaults():
     args, source = parse()
     assert (args.num_envs, args.num_steps, args.update_epochs, args.network_arch) == (1, 2048, 10, "64,64")
     assert (args.minibatch_size, args.num_minibatches) == ("64", 32)
-    assert set(source.values()) == {"default"}
+    assert set(source.values()) == {"default"} and source["num_minibatches"] == "default"  # the config print's source
 
 
 @pytest.mark.parametrize(
@@ -90,6 +90,7 @@ def test_explicit_flags_override_preset_even_at_default_values():
     assert args.minibatch_size == "256" and "auto" in source["minibatch_size"]
     args, source = parse("--preset", "fast", "--num-minibatches", "8")
     assert (args.minibatch_size, args.num_minibatches, source["minibatch_size"]) == ("512", 8, "command line")
+    assert source["num_minibatches"] == "command line"
 
 
 def test_minibatch_size_auto_and_explicit():
@@ -138,11 +139,13 @@ def test_bad_settings_raise_one_line_errors(argv, match):
         (["--resume", "missing.pt"], ["missing.pt", "does not exist"]),
         (["--resume", "garbage.pt"], ["not a ppo_continuous checkpoint"]),
         (["--eval-checkpoint", "garbage.pt"], ["not a ppo_continuous checkpoint"]),
+        (["--eval-checkpoint", "atari.model"], ["another script's checkpoint"]),
         (["--env-id", "Pendulum-v1", "--cudagraphs", "--gpu", "false"], ["--cudagraphs needs a CUDA device"]),
     ],
 )
 def test_bad_input_gives_one_line_error_before_training(tmp_path, argv, words):
     torch.save({"weights": [1, 2]}, tmp_path / "garbage.pt")
+    torch.save({"model": {}, "args": {"env_id": "ALE/Breakout-v5"}}, tmp_path / "atari.model")  # ppo_atari's
     assert_one_line_error(run(tmp_path, *argv), *words)
     assert not (tmp_path / "runs").exists()
 
@@ -153,7 +156,7 @@ def test_gpu_true_without_cuda(tmp_path):
     assert_one_line_error(run(tmp_path, "--env-id", "Pendulum-v1", "--gpu", "true"), "--gpu true")
 
 
-def test_obs_normalizer_matches_host_statistics():
+def test_obs_statistics_match_the_data_and_survive_a_checkpoint(tmp_path):
     rms = pc.RunningMeanStd((5,))
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, size=(4, 5)) for _ in range(20)]
@@ -162,10 +165,15 @@ def test_obs_normalizer_matches_host_statistics():
     seen = np.concatenate(batches)  # running statistics equal the statistics of everything seen
     assert np.allclose(rms.mean, seen.mean(0), atol=1e-4) and np.allclose(rms.var, seen.var(0), rtol=1e-3)
     x = rng.normal(3.0, 2.0, size=(1000, 5))
-    norm = pc.ObsNormalizer(5)
-    norm.load_rms(rms)
-    host = np.clip((x - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
-    assert np.array_equal(norm(torch.from_numpy(x)).numpy(), host)
+    host = np.clip((x - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10)
+    assert np.array_equal(rms.normalize(x, False), host)
+    # a checkpoint's (mean, var, count) loads back bit for bit (torch.load with weights_only, as the script does)
+    torch.save({"obs_rms": rms.state()}, tmp_path / "stats.pt")
+    loaded = pc.RunningMeanStd(state=torch.load(tmp_path / "stats.pt", weights_only=True)["obs_rms"])
+    assert np.array_equal(loaded.normalize(x, False), host) and loaded.count == rms.count
+    loaded.update(x[:7])
+    rms.update(x[:7])
+    assert np.array_equal(loaded.mean, rms.mean) and np.array_equal(loaded.var, rms.var)
 
 
 # ---------------------------------------------------------------- short runs
@@ -194,39 +202,58 @@ def test_pendulum_run_logs_and_saves(pendulum_run):
     assert (run_dir(tmp_path) / "checkpoint.pt").exists() and (run_dir(tmp_path) / "ppo_continuous.model").exists()
 
 
+def act(saved, obs):
+    """The mean actions of a checkpoint or .model file's policy: its weights on its normalisation statistics."""
+    agent = pc.Agent(3, 1, [64, 64])
+    agent.load_state_dict(saved["model"])
+    norm_obs = pc.RunningMeanStd(state=saved["obs_rms"]).normalize(obs, False)
+    with torch.no_grad():
+        return agent.mean(torch.as_tensor(norm_obs, dtype=torch.float32))
+
+
+def eval_return(tmp_path, path):
+    res = run(tmp_path, "--eval-checkpoint", path, "--eval-episodes", "1", "--seed", "7")
+    assert res.returncode == 0, res.stderr
+    return float(re.search(r"eval Pendulum-v1: mean return (\S+) \+- 0.00 over 1 episodes", res.stdout).group(1))
+
+
 def test_normalisation_stats_survive_save_load_eval(pendulum_run):
     tmp_path, _ = pendulum_run
     model = run_dir(tmp_path) / "ppo_continuous.model"
     saved = torch.load(model, weights_only=True)
-    agent = pc.Agent(3, 1, [64, 64])
-    agent.load_state_dict(saved["model"])
+    mean, var, count = saved["obs_rms"]
     # 256 observed transitions + 1 reset observation went into the statistics
-    assert agent.obs_norm.count.item() == pytest.approx(257, abs=1e-3)
-    assert agent.obs_norm.mean.abs().sum() > 0 and not torch.allclose(
-        agent.obs_norm.var, torch.ones(3, dtype=torch.float64)
-    )
-    obs = torch.tensor([[0.5, -0.5, 3.0], [-1.0, 0.0, -6.0]], dtype=torch.float64)
-    with torch.no_grad():
-        actions = agent.act(obs)
-        again = pc.Agent(3, 1, [64, 64])
-        again.load_state_dict(torch.load(run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["model"])
-        assert torch.equal(again.act(obs), actions)  # checkpoint and model file hold the same policy
-        fresh = pc.Agent(3, 1, [64, 64])
-        fresh.load_state_dict({k: v for k, v in saved["model"].items() if not k.startswith("obs_norm.")}, strict=False)
-        assert not torch.allclose(fresh.act(obs), actions)  # so the statistics matter
-    # the script's eval path uses the saved statistics: it acts exactly like the loaded agent above
-    res = run(tmp_path, "--eval-checkpoint", model, "--eval-episodes", "1", "--seed", "7")
-    assert res.returncode == 0, res.stderr
-    printed = float(re.search(r"eval Pendulum-v1: mean return (\S+) \+- 0.00 over 1 episodes", res.stdout).group(1))
+    assert count == pytest.approx(257, abs=1e-3)
+    assert np.abs(mean).sum() > 0 and not np.allclose(var, np.ones(3))
+    obs = np.array([[0.5, -0.5, 3.0], [-1.0, 0.0, -6.0]])
+    actions = act(saved, obs)
+    ckpt = torch.load(run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
+    assert torch.equal(act(ckpt, obs), actions)  # checkpoint and model file hold the same policy
+    assert not torch.allclose(act({**saved, "obs_rms": None}, obs), actions)  # so the statistics matter
+    # the script's eval path uses the saved statistics: it acts exactly like the loaded policy above
+    printed = eval_return(tmp_path, model)
     env = pc.gym.make("Pendulum-v1")
     obs, _ = env.reset(seed=7)
     total, done = 0.0, False
     while not done:
-        with torch.no_grad():
-            action = agent.act(torch.from_numpy(obs.astype(np.float64))[None])[0].numpy()
+        action = act(saved, obs[None])[0].numpy()
         obs, reward, term, trunc, _ = env.step(action.clip(-2.0, 2.0))
         total, done = total + float(reward), term or trunc
     assert printed == pytest.approx(total, abs=0.006)
+
+
+def test_files_with_the_statistics_in_the_model_still_load(pendulum_run):
+    """Checkpoints and models written before the statistics left the model (buffers obs_norm.mean/var/count) evaluate
+    exactly as before."""
+    tmp_path, _ = pendulum_run
+    saved = torch.load(run_dir(tmp_path) / "ppo_continuous.model", weights_only=True)
+    mean, var, count = saved.pop("obs_rms")
+    old = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(count, dtype=torch.float64)}
+    saved["model"] |= {f"obs_norm.{name}": value for name, value in old.items()}
+    torch.save(saved, tmp_path / "old.model")
+    assert eval_return(tmp_path, tmp_path / "old.model") == eval_return(
+        tmp_path, run_dir(tmp_path) / "ppo_continuous.model"
+    )
 
 
 def test_resume_after_sigterm_reaches_same_total(tmp_path):
@@ -257,7 +284,7 @@ def test_resume_after_sigterm_reaches_same_total(tmp_path):
     assert len(list((tmp_path / "runs").iterdir())) == 1  # same run directory
     final = torch.load(run_dir(tmp_path) / "ppo_continuous.model", weights_only=True)
     # statistics carried over: every transition of both legs + one reset observation per leg
-    assert final["model"]["obs_norm.count"].item() == pytest.approx(total + 2, abs=1e-3)
+    assert final["obs_rms"][2] == pytest.approx(total + 2, abs=1e-3)
     assert final["args"]["total_timesteps"] == total
     assert torch.load(ckpt_path, weights_only=True)["status"] == "finished"
 

@@ -1,0 +1,106 @@
+"""The three scripts share one anatomy (README, "Anatomy of a script"): learn one file and you know all three.
+
+Static checks on the source: the same sections in the same order, the shared Args fields first in one order with a
+docstring on every field, the same runtime flags, the same helpers, log keys and messages, and a line ceiling.
+"""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPTS = ["ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py"]
+SHARED_FIELDS = ["exp_name", "seed", "torch_deterministic", "gpu", "cuda_offset", "session", "tf32", "num_threads"]
+SHARED_FIELDS += ["track", "wandb_project_name", "wandb_entity", "capture_video", "progress_bar", "checkpoint_every"]
+SHARED_FIELDS += ["resume", "save_model", "eval_checkpoint", "eval_episodes", "compile", "cudagraphs", "amp"]
+SHARED_FIELDS += ["micro_batch"]
+# what --resume takes from the command line in every script (how and where to run, not what to learn)
+SHARED_RUNTIME = set(SHARED_FIELDS) - {"exp_name", "seed", "torch_deterministic"}
+SECTIONS = ["environment", "network", "algorithm", "checkpoint and evaluation"]
+MAIN_SECTIONS = ["arguments and their checks", "device, threads, seeds", "logging", "env and network", "storage"]
+MAIN_SECTIONS += ["training loop", "logging", "end of the run"]
+HELPERS = ["layer_init", "load_weights", "save_checkpoint", "load_checkpoint", "evaluate"]
+LOG_KEYS = ["charts/episodic_return", "charts/SPS", "charts/learning_rate", "memory/estimated_mib"]
+LOG_KEYS += ["memory/peak_allocated_mib", "memory/micro_batch"]
+MESSAGES = [
+    "device: ",
+    "threads: ",
+    "config:",
+    "compile: the action step and the loss, mode ",
+    "resumed ",
+    "stopping on ",
+]
+MESSAGES += ["continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt", "model saved to "]
+MESSAGES += ["peak allocated ", "(allocator, no CUDA context)", "done: step ", "run dir runs/{run_name}"]
+MESSAGES += ["micro-batch: CUDA out of memory at "]
+# Issue #12 asked for about 480 lines per PPO script and 600 for Snake; with every feature the guide asks for (resume
+# after a stop, one-line errors, evaluation, video, compile, OOM back-off, torchrun) the scripts came to these. Raise
+# a ceiling only on purpose, for a feature worth its lines.
+LINE_CEILINGS = {"ppo_atari.py": 620, "ppo_continuous.py": 640, "dqn_snake_vec.py": 750}
+
+
+def source(script: str) -> str:
+    return (ROOT / script).read_text()
+
+
+def args_fields(tree: ast.Module) -> list[tuple[str, bool]]:
+    """(name, has a docstring) of each Args field, in order."""
+    (args,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+    fields = []
+    for node, after in zip(args.body, args.body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign):
+            documented = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+            fields.append((node.target.id, documented and isinstance(after.value.value, str)))
+    return fields
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_header_sections_and_one_main_block(script):
+    text = source(script)
+    first, second = text.splitlines()[:2]
+    assert first.startswith("# ") and second.startswith("# Usage: python "), "a two-line header: what, then how"
+    top = re.findall(r"^# -{10,} (.+)$", text, flags=re.M)
+    assert top == SECTIONS
+    assert text.count('\nif __name__ == "__main__":\n') == 1
+    main = text.split('\nif __name__ == "__main__":\n')[1]
+    inner = [name.split(":")[0] for name in re.findall(r"^ {4,8}# -{10,} (.+)$", main, flags=re.M)]
+    assert [name for name in inner if name in MAIN_SECTIONS] == MAIN_SECTIONS, inner
+    tree = ast.parse(text)
+    functions = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert "main" not in functions, "the run reads straight through in the module-level block"
+    assert all(name in functions for name in HELPERS if not (name == "layer_init" and script == "dqn_snake_vec.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_shared_args_come_first_in_one_order_and_every_field_has_a_docstring(script):
+    fields = args_fields(ast.parse(source(script)))
+    assert [name for name, _ in fields[: len(SHARED_FIELDS)]] == SHARED_FIELDS
+    assert [name for name, documented in fields if not documented] == []
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_same_runtime_flags_log_keys_and_messages(script):
+    text = source(script)
+    tree = ast.parse(text)
+    namespace = {}
+    for node in tree.body:  # RUNTIME_FLAGS is built by plain set literals: evaluate just those statements
+        target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+        if isinstance(target, ast.Name) and target.id == "RUNTIME_FLAGS":
+            exec(compile(ast.Module([node], []), script, "exec"), namespace)
+    assert SHARED_RUNTIME <= namespace["RUNTIME_FLAGS"]
+    arg_names = {name for name, _ in args_fields(tree)}
+    assert namespace["RUNTIME_FLAGS"] <= arg_names, "a runtime flag that is not an Args field"
+    # a key is written whole, or its chart name is (dqn_snake_vec builds "charts/<name>" from a table)
+    assert [key for key in LOG_KEYS if f'"{key}"' not in text and f'"{key.split("/")[1]}"' not in text] == []
+    assert [message for message in MESSAGES if message not in text] == []
+    for key in ["model", "optimizer", "args", "iteration", "global_step", "rng", "run_name", "status"]:
+        assert re.search(rf"\b{key}=", text), f"checkpoint key {key}"
+    assert "wandb_id=" in text
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_line_ceiling(script):
+    lines = len(source(script).splitlines())
+    assert lines <= LINE_CEILINGS[script], f"{script} has {lines} lines, over its ceiling {LINE_CEILINGS[script]}"
