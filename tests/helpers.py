@@ -1,4 +1,5 @@
-"""Helpers shared by the test files: a simulated out-of-memory GPU and waiting for a condition.
+"""Helpers shared by the test files: a simulated out-of-memory GPU, the micro-batch gradient check, and waiting for a
+condition.
 
 An out-of-memory GPU on any machine: `python -c INJECT <layer> <limit> <script> args...` runs the script as
 __main__ with torch.nn.<layer>.forward raising torch.cuda.OutOfMemoryError on more than <limit> rows while gradients
@@ -24,6 +25,23 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def oom_prefix(layer: str, limit: int) -> list[str]:
     """Interpreter arguments to put before the script's path."""
     return ["-c", INJECT, layer, str(limit)]
+
+
+def assert_micro_batches_match(loss, batch, params, micro_batch: int, atol: float) -> None:
+    """gpu_utils.accumulate_gradients over micro-batches of ``micro_batch`` rows gives the whole batch's stats and
+    gradients, up to float rounding (``loss(*rows)`` returns (loss, stats))."""
+    import torch
+
+    import gpu_utils
+
+    full_loss, full_stats = loss(*batch)
+    full_loss.backward()
+    full = [p.grad.clone() for p in params]
+    stats, used = gpu_utils.accumulate_gradients(loss, batch, micro_batch, params)
+    assert used == micro_batch
+    torch.testing.assert_close(stats, full_stats, atol=atol, rtol=1e-5)
+    for g, p in zip(full, params):
+        torch.testing.assert_close(p.grad, g, atol=atol, rtol=1e-4)
 
 
 def wait_for(predicate, timeout, what):

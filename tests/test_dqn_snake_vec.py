@@ -11,7 +11,7 @@ from collections import deque
 
 import pytest
 import torch
-from helpers import oom_prefix
+from helpers import assert_micro_batches_match, oom_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "dqn_snake_vec.py")
@@ -533,7 +533,6 @@ def _replay_batch(n=40, h=6, w=6):
 
 
 def test_micro_batches_give_the_full_batch_gradient():
-    import gpu_utils
     from dqn_snake_vec import QNetwork, td_loss
 
     torch.manual_seed(0)
@@ -543,14 +542,7 @@ def test_micro_batches_give_the_full_batch_gradient():
     def loss(*rows):
         return td_loss(q_network, target_network, *rows)
 
-    full_loss, full_stats = loss(*batch)
-    full_loss.backward()
-    full = [p.grad.clone() for p in q_network.parameters()]
-    stats, used = gpu_utils.accumulate_gradients(loss, batch, 6, list(q_network.parameters()))
-    assert used == 6
-    torch.testing.assert_close(stats, full_stats, atol=1e-6, rtol=1e-5)
-    for g, p in zip(full, q_network.parameters()):
-        torch.testing.assert_close(p.grad, g, atol=1e-6, rtol=1e-4)
+    assert_micro_batches_match(loss, batch, list(q_network.parameters()), 6, atol=1e-6)
 
 
 def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_path):

@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import oom_prefix
+from helpers import assert_micro_batches_match, oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
 sys.path.insert(0, str(ROOT))
-import gpu_utils  # noqa: E402
 import ppo_atari  # noqa: E402  (importing must have no side effects)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress-bar"]
@@ -332,14 +331,7 @@ def test_micro_batches_give_the_full_minibatch_gradient():
     def loss(*rows):
         return ppo_atari.ppo_loss(agent, *rows, 0.1, 0.01, 0.5, True)
 
-    full_loss, full_stats = loss(*batch)
-    full_loss.backward()
-    full = [p.grad.clone() for p in agent.parameters()]
-    stats, used = gpu_utils.accumulate_gradients(loss, batch, 5, list(agent.parameters()))
-    assert used == 5
-    torch.testing.assert_close(stats, full_stats, atol=1e-5, rtol=1e-5)
-    for g, p in zip(full, agent.parameters()):
-        torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
+    assert_micro_batches_match(loss, batch, list(agent.parameters()), 5, atol=1e-5)
 
 
 def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_path):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from helpers import oom_prefix
+from helpers import assert_micro_batches_match, oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")
@@ -389,14 +389,7 @@ def test_micro_batches_give_the_full_minibatch_gradient():
     def loss(*rows):
         return pc.ppo_loss(agent, *rows, 0.2, 0.0, 0.5, True)
 
-    full_loss, full_stats = loss(*batch)
-    full_loss.backward()
-    full = [p.grad.clone() for p in agent.parameters()]
-    stats, used = pc.gpu_utils.accumulate_gradients(loss, batch, 7, list(agent.parameters()))
-    assert used == 7
-    torch.testing.assert_close(stats, full_stats, atol=1e-5, rtol=1e-5)
-    for g, p in zip(full, agent.parameters()):
-        torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
+    assert_micro_batches_match(loss, batch, list(agent.parameters()), 7, atol=1e-5)
 
 
 def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_path):
