@@ -570,7 +570,7 @@ if __name__ == "__main__":
     target_network = QNetwork(h, w, amp=args.amp).to(device)
     target_network.load_state_dict(q_network.state_dict())
     params = list(q_network.parameters())
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate)
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)
     num_iterations = args.total_timesteps // n
     start_iteration = 0
     if ckpt:
@@ -606,7 +606,9 @@ if __name__ == "__main__":
     resident += rb.fields if buffer_device == device else ()
     batch_bytes = args.batch_size * (8 * h * w + 17)
     resident_bytes = sum(t.nbytes for t in resident)
-    est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], 3 * args.batch_size)
+    # activations: three forwards of a training batch, or one no-grad forward over every game to act, the larger
+    rows = max(3 * args.batch_size, n)
+    est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows)
     print(est)
     writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
 

@@ -309,6 +309,7 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
 if __name__ == "__main__":
     # ---------------- arguments and their checks
     args = tyro.cli(Args)
+    given = dict(vars(args))  # as typed, before the checks below fill in the minibatch fields
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     distributed = world_size > 1
@@ -381,7 +382,8 @@ if __name__ == "__main__":
         print("config:")
         for key, value in vars(args).items():
             if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
-                source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
+                typed = "command line" if given[key] != getattr(Args, key) else "default"
+                source = "checkpoint" if ckpt else typed if value == given[key] else "derived"
                 print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
@@ -401,7 +403,7 @@ if __name__ == "__main__":
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     agent = Agent(envs.single_action_space.n, args.amp).to(device, memory_format=memory_format)
     params = list(agent.parameters())
-    optimizer = optim.Adam(params, lr=args.learning_rate, eps=1e-5)
+    optimizer = optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all weights
     torch.manual_seed(args.seed + rank)
     start_iteration = 1
     global_step = 0

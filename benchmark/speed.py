@@ -2,6 +2,7 @@
 
     python benchmark/speed.py run ppo_atari.py --steps 6144 -- --env-id ALE/Pong-v5   # one setting, one SPS
     python benchmark/speed.py ceiling --atari-envs 16 64 --snake-sizes 4096 65536     # the environments alone
+    python benchmark/speed.py ceiling --atari-envs --snake-sizes --mujoco-envs 64     # MuJoCo, in and out of process
     python benchmark/speed.py compare atari --repeats 2       # ours against the CleanRL-style baseline
     python benchmark/speed.py table                           # throughput table -> benchmark/results/
     python benchmark/speed.py table --profile gpu             # the one-GPU table with its targets (~8 min, H100)
@@ -263,8 +264,9 @@ def atari_ceiling(num_envs: int, threads: int, seconds: float, game: str = "brea
     return rate
 
 
-def snake_ceiling(num_envs: int, device: str, seconds: float, mode: str = "dense") -> float:
-    """VecSnake 10x10 env steps/s with random actions: the median of 16-step windows (CUDA synchronised)."""
+def snake_ceiling(num_envs: int, device: str, seconds: float, mode: str = "dense", compiled: bool = False) -> float:
+    """VecSnake 10x10 env steps/s with random actions: the median of 16-step windows (CUDA synchronised);
+    ``compiled``: its step through torch.compile (default mode), which fuses the step's elementwise kernels."""
     import torch
 
     if ROOT not in sys.path:
@@ -273,6 +275,8 @@ def snake_ceiling(num_envs: int, device: str, seconds: float, mode: str = "dense
 
     env = VecSnake(num_envs, 10, 10, device=device, seed=0, mode=mode)
     env.reset()
+    if compiled:
+        env.step = torch.compile(env.step)
     gen = torch.Generator(device).manual_seed(0)
     actions = torch.randint(0, 4, (16, num_envs), device=device, generator=gen)  # drawn once, cycled
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
@@ -287,6 +291,34 @@ def snake_ceiling(num_envs: int, device: str, seconds: float, mode: str = "dense
         sync()
         rates.append(16 * num_envs / (time.perf_counter() - t0))
     return statistics.median(rates)
+
+
+def mujoco_ceiling(env_id: str, num_envs: int, subproc: bool, seconds: float) -> float:
+    """ppo_continuous.py's vector env (Sync, or Async in subprocesses) agent steps/s with random actions."""
+    import gymnasium as gym
+    import numpy as np
+
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from ppo_continuous import make_env
+
+    fns = [make_env(env_id, i, False, "", subproc) for i in range(num_envs)]
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    vector = gym.vector.AsyncVectorEnv if subproc else gym.vector.SyncVectorEnv
+    envs = vector(fns, autoreset_mode=mode, copy=False, **({"context": "forkserver"} if subproc else {}))
+    envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    actions = rng.uniform(low, high, (64, num_envs, len(low))).astype(np.float32)
+    for i in range(10):
+        envs.step(actions[i])
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        envs.step(actions[steps // num_envs % 64])
+        steps += num_envs
+    rate = steps / (time.perf_counter() - t0)
+    envs.close()
+    return rate
 
 
 def measure_ceiling(label: str, how: str, unit: str, fn, *args) -> Result:
@@ -306,9 +338,15 @@ def atari_row(n: int, threads: int, seconds: float) -> Result:
     return measure_ceiling(label, "random actions, v5 settings", "agent steps/s", atari_ceiling, n, threads, seconds)
 
 
-def snake_row(n: int, device: str, mode: str, seconds: float) -> Result:
-    label = f"ceiling: VecSnake 10x10, {n:,} games, {device}, {mode}"
-    return measure_ceiling(label, "random actions", "env steps/s", snake_ceiling, n, device, seconds, mode)
+def snake_row(n: int, device: str, mode: str, seconds: float, compiled: bool = False) -> Result:
+    label = f"ceiling: VecSnake 10x10, {n:,} games, {device}, {mode}" + (", step compiled" if compiled else "")
+    return measure_ceiling(label, "random actions", "env steps/s", snake_ceiling, n, device, seconds, mode, compiled)
+
+
+def mujoco_row(env_id: str, n: int, subproc: bool, seconds: float) -> Result:
+    label = f"ceiling: {env_id}, {n} envs, {'AsyncVectorEnv (subprocesses)' if subproc else 'SyncVectorEnv'}"
+    how = "random actions, ppo_continuous.make_env"
+    return measure_ceiling(label, how, "agent steps/s", mujoco_ceiling, env_id, n, subproc, seconds)
 
 
 # ---------------------------------------------------------------- the machine and the tables
@@ -533,7 +571,9 @@ def cmd_run(a, passthrough: list[str]) -> int:
 def cmd_ceiling(a, _passthrough) -> int:
     threads, info = a.threads or len(allowed_cpus()), machine_info()
     results = [atari_row(n, threads, a.seconds) for n in a.atari_envs]
-    results += [snake_row(n, a.device, a.mode, a.seconds) for n in a.snake_sizes]
+    results += [snake_row(n, a.device, a.snake_mode, a.seconds) for n in a.snake_sizes]
+    results += [snake_row(n, a.device, a.snake_mode, a.seconds, compiled=True) for n in a.compiled_snake_sizes]
+    results += [mujoco_row(a.mujoco_env, n, subproc, a.seconds) for n in a.mujoco_envs for subproc in (False, True)]
     emit(document("Environment ceilings", info, a.note, results_table(results)), a.out, "ceiling", a.host)
     return 0 if all(r.ok for r in results) else 1
 
@@ -828,7 +868,12 @@ def parser() -> Parser:
     c.add_argument("--threads", type=positive(int), default=None, help="AtariVectorEnv threads (default: all)")
     c.add_argument("--snake-sizes", type=positive(int), nargs="*", default=[256, 4096, 65536])
     c.add_argument("--device", default="cpu", help="VecSnake device: cpu, cuda, cuda:N")
-    c.add_argument("--mode", default="dense", choices=["auto", "dense", "sparse"], help="VecSnake mode")
+    c.add_argument(
+        "--mode", dest="snake_mode", default="dense", choices=["auto", "dense", "sparse"], help="VecSnake mode"
+    )
+    c.add_argument("--compiled-snake-sizes", type=positive(int), nargs="*", default=[], help="VecSnake, step compiled")
+    c.add_argument("--mujoco-envs", type=positive(int), nargs="*", default=[], help="MuJoCo vector env sizes")
+    c.add_argument("--mujoco-env", default="HalfCheetah-v5", help="MuJoCo env id for --mujoco-envs")
     c.add_argument("--seconds", type=positive(float), default=3, help="seconds per measurement")
     common(c)
 

@@ -567,3 +567,17 @@ def test_cudagraphs_on_cpu_is_a_one_line_error(tmp_path):
         pytest.skip("this machine has a GPU")
     res = run(["--cudagraphs", "--gpu", "false"], tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: --cudagraphs needs a CUDA device"), res.stderr
+
+
+def test_memory_estimate_counts_the_acting_forward_over_every_game(tmp_path):
+    """Acting runs the Q-network over all N games at once: with N above three training batches its activations set
+    the peak (on an H100, 65,536 games peaked at 3.5x an estimate sized by the training batch alone)."""
+
+    def activations_mib(num_envs):
+        args = ["--num-envs", num_envs, "--batch-size", 32, "--learning-starts", 10**6, "--log-every", num_envs]
+        res = run([*args, "--total-timesteps", 2 * num_envs], tmp_path)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return float(re.search(r"activations\s+([\d.]+) MiB", res.stdout).group(1))
+
+    small, large = activations_mib(32), activations_mib(1536)  # rows: max(3 x 32, 32) = 96, then 1536
+    assert large / small == pytest.approx(1536 / 96, rel=0.02)

@@ -14,7 +14,9 @@ FAST_PATHS = ["--compile", "--cudagraphs", "--amp"]
 
 
 def run(script, args, cwd):
-    env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ, WANDB_MODE="offline", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     cmd = [sys.executable, str(ROOT / script), "--no-progress-bar", *map(str, args)]
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

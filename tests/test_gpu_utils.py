@@ -168,11 +168,11 @@ def test_estimate_memory_nature_convnet_exact_weights():
     assert est.weights == params * 4
     assert est.gradients == params * 4
     assert est.optimizer_state == 2 * params * 4
-    assert est.cuda_context == 0  # the model is on the CPU: no CUDA context to count
+    assert est.cuda_context == 0 and est.workspace == 0  # the model is on the CPU: no CUDA context, no cuBLAS
     assert est.total == 4 * params * 4 + 1000 + 2000
-    on_gpu = gpu_utils.MemoryEstimate(1, 2, 3, 4, 5, 6, cuda_context=gpu_utils.CUDA_CONTEXT_BYTES)
-    assert on_gpu.total == 21  # the allocator's share only, comparable with torch.cuda.max_memory_allocated()
-    assert "outside the allocator" in str(on_gpu)
+    on_gpu = gpu_utils.MemoryEstimate(1, 2, 3, 4, 5, 6, cuda_context=gpu_utils.CUDA_CONTEXT_BYTES, workspace=7)
+    assert on_gpu.total == 28  # the allocator's share (cuBLAS workspace included), as max_memory_allocated counts
+    assert "outside the allocator" in str(on_gpu) and "cuBLAS workspace" in str(on_gpu)
     assert gpu_utils.estimate_memory(model, "sgd").optimizer_state == 0
     text = str(est)
     assert "weights" in text and "total" in text and "MiB" in text
@@ -456,4 +456,5 @@ def test_memory_estimate_bounds_real_peak():
     opt.step()
     peak = torch.cuda.max_memory_allocated(gpu)
     assert est.cuda_context == gpu_utils.CUDA_CONTEXT_BYTES
+    assert est.workspace == gpu_utils.CUBLAS_WORKSPACE_BYTES
     assert est.total / 2 <= peak <= 2 * est.total  # allocator against allocator, within 2x

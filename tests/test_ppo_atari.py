@@ -3,6 +3,7 @@ evaluation, torchrun on gloo and the one-line errors for bad input."""
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,6 +97,10 @@ def test_two_iterations_write_expected_keys(base_run):
     assert [s for s, _ in tags["charts/learning_rate"]] == [32, 64]
     assert [s for s, _ in tags["charts/SPS"]] == [64]  # warm-up iteration not counted
     assert "memory estimate" in out.stdout and "1,686,693 parameters" in out.stdout and "device: cpu" in out.stdout
+    # where each setting came from: typed, or filled in from another (num_minibatches 2 -> minibatch_size 16)
+    assert re.search(r"num_minibatches\s+2\s+\(command line\)", out.stdout)
+    assert re.search(r"minibatch_size\s+16\s+\(derived\)", out.stdout)
+    assert re.search(r"clip_coef\s+0.1\s+\(default\)", out.stdout)
     assert (run_dir / "checkpoint.pt").exists() and (run_dir / "ppo_atari.model").exists()
 
 

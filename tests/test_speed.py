@@ -252,3 +252,16 @@ def test_gpu_profile_on_cpu_tiny(tmp_path):
     assert len(row) == 1 and row[0].endswith("| ok |") and " SPS |" in row[0]
     assert "## Targets (GPU issue)" in text and "x the 1e9 target (ceiling: VecSnake 10x10, " in text
     assert "- ppo_atari.py >= 10,000 SPS: not measured" in text
+
+
+def test_ceiling_mode_steps_every_kind_of_env(tmp_path):
+    """`ceiling` runs (its --mode option once overwrote the subcommand's name) for Atari, Snake and MuJoCo, in and
+    out of process, and writes its table."""
+    args = ["--atari-envs", 2, "--threads", 1, "--snake-sizes", 64, "--mujoco-envs", 2, "--seconds", 0.3]
+    res = cli("ceiling", *args, "--out", tmp_path, "--host", "t", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for row in ["AtariVectorEnv Breakout, 2 envs", "VecSnake 10x10, 64 games, cpu, dense", "HalfCheetah-v5, 2 envs"]:
+        assert row in res.stdout
+    assert "SyncVectorEnv" in res.stdout and "AsyncVectorEnv (subprocesses)" in res.stdout
+    assert "failed" not in res.stdout
+    assert len(list(tmp_path.glob("ceiling_t_*.md"))) == 1
