@@ -10,7 +10,8 @@ Phases (ppo_atari.py's own Agent, ppo_loss, make_envs and gpu_utils.accumulate_g
              envs step (C++ threads, GIL released) while the policy acts on the other half
   update     one iteration's update (num_minibatches x update_epochs steps: loss, backward, clipping, Adam), with
              Adam's foreach or fused kernels, eager or with the loss compiled
-Each figure is the median of its repeats; CUDA is synchronised before a clock is read. The last table predicts SPS as
+Per-step figures are means after 5 warm-up steps (resets included), the update the median of its iterations after
+the first; CUDA is synchronised before a clock is read. The last table predicts SPS as
 batch / (num_steps x rollout + update) for each pairing, beside the env's ceiling.
 """
 
@@ -102,7 +103,8 @@ def time_rollout(envs, policy_step, device, steps: int, cudagraphs: bool, store:
 
 
 def time_rollout_halves(halves, policy_step, device, steps: int, cudagraphs: bool) -> float:
-    """Two vector envs of N/2: while one half's envs step, the policy acts on the other half's observations."""
+    """Two vector envs of N/2: while one half's envs step, the policy acts on the other half's observations (without
+    the sequential version's copy into rollout storage: one small device copy per step)."""
     pin = device.type == "cuda"
     shape = halves[0].single_observation_space.shape
     host = [torch.empty((h.num_envs, *shape), dtype=torch.uint8, pin_memory=pin) for h in halves]
