@@ -218,15 +218,14 @@ def main() -> int:
                     True,
                 )
             )
-    pin = cuda
     host_obs = torch.as_tensor(envs.step(np.zeros(a.num_envs, dtype=np.int64))[0].copy())
-    host_obs = host_obs.pin_memory() if pin else host_obs
-    policy_ms, rollout_ms = {}, {}
+    host_obs = host_obs.pin_memory() if cuda else host_obs
+    rollout_ms = {}
     store = torch.zeros((a.num_steps, a.num_envs, *obs_shape), dtype=torch.uint8, device=device)
-    if o.update_only:
+    if o.update_only:  # one eager rollout, only to fill the batch with real frames
         variants = variants[:1]
-    for name, step_fn, cg in variants if not o.update_only else []:
-        policy_ms[name] = row(
+    for name, step_fn, cg in [] if o.update_only else variants:
+        row(
             f"policy ({name}): copy in, act, actions out",
             time_policy(step_fn, host_obs, device, o.steps, cg),
             "ms / vector step",
@@ -239,8 +238,8 @@ def main() -> int:
         )
     envs.close()
     half = a.num_envs // 2
-    halves = [make_envs(a, half, min(threads // 2 or 1, half)) for _ in range(2 if not o.update_only else 0)]
-    for name, step_fn, cg in variants if not o.update_only else []:
+    halves = [make_envs(a, half, min(threads // 2 or 1, half)) for _ in range(0 if o.update_only else 2)]
+    for name, step_fn, cg in [] if o.update_only else variants:
         rollout_ms[f"{name}, 2 halves"] = row(
             f"rollout, 2 overlapped halves of {half} envs ({name})",
             time_rollout_halves(halves, step_fn, device, o.steps, cg),
