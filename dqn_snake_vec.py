@@ -611,6 +611,7 @@ if __name__ == "__main__":
     est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows)
     print(est)
     writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
+    writer.add_text("device", gpu_utils.device_label(device), global_step)  # a resumed run may change machine
 
     stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
     for sig in (signal.SIGINT, signal.SIGTERM):

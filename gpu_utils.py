@@ -98,6 +98,18 @@ def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None =
     return torch.device("cuda", index), f"--gpu {gpu}"
 
 
+def device_label(device: torch.device) -> str:
+    """What a run trains on, in a few words, for its event file: the GPU's name, or the CPU's model and how many CPUs
+    the run may use. A run resumed on another machine logs its own, so a report can tell the parts apart."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    return f"CPU{' ' + model if model else ''}, {available_cpus()} cores"
+
+
 def enable_tf32(enabled: bool = True, deterministic: bool = False) -> bool:
     """Allow TF32 matmul and cuDNN on GPUs of compute capability 8 or more; return whether TF32 is now on.
 

@@ -4,15 +4,27 @@
 #
 #   benchmark/gpu_check.sh env              # GPU, CPU, compiler and Python headers (torch.compile needs both)
 #   benchmark/gpu_check.sh table            # the one-GPU throughput table, started detached (it outlives the call)
-#   benchmark/gpu_check.sh wait 500         # wait for the detached table, at most 500 s
+#   benchmark/gpu_check.sh wait 500         # wait for the detached jobs (table, atari), at most 500 s, and show
+#                                           # their state (atari: each run's newest "iteration" line: step, SPS)
 #   benchmark/gpu_check.sh profile tests    # benchmark/profile_atari.py, then pytest -m gpu
 #   benchmark/gpu_check.sh collect "$OUT"   # copy logs and tables to a folder
 #   benchmark/gpu_check.sh train            # start a full ppo_atari.py run detached (RUN_ARGS; default Breakout)
-#   benchmark/gpu_check.sh stop "$OUT"      # stop it (SIGTERM: it writes checkpoint.pt), bring back its run folder
-#                                           # as 15 MiB parts: cat run.tar.part-* | tar x; then --resume it
+#   benchmark/gpu_check.sh atari "Breakout Pong"
+#                                           # full-budget Atari runs (issue #10), detached: copies the committed
+#                                           # partial runs benchmark/results/atari_gpu/runs/* into runs/ (never over
+#                                           # one there), prints the sweep's dry run (what starts, what resumes),
+#                                           # then starts benchmark/ppo_atari.sh --resume-existing on those games
+#   benchmark/gpu_check.sh stop "$OUT"      # stop train and the atari sweep (SIGTERM: runs write checkpoint.pt),
+#                                           # bring back logs and run folders as 15 MiB parts:
+#                                           # cat run.tar.part-* | tar x (train), cat atari.tar.part-* | tar x
+#                                           # (atari, in the repo root); then --resume / atari again to continue
 #
 # Knobs: LOGS, PYTHON (default python3), TABLE_ARGS (extra arguments for `speed.py table`), TEST_WORKERS (pytest-xdist
 # workers for `tests`, default 4; 0 runs them one by one), RUN_ARGS (ppo_atari.py arguments for `train`).
+# For `atari`: ATARI_ARGS (extra ppo_atari.py arguments after --compile --cudagraphs --save-model --no-progress-bar),
+# ATARI_DRY_RUN=1 (copy the runs and print the dry run, start nothing), JOBS_PER_GPU (runs at once on the GPU,
+# default 2), SEEDS (default 1). The sweep's logs go to $LOGS/atari.log and $LOGS/atari/, its exit code to
+# $LOGS/atari.done, its pid to $LOGS/atari.pid.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 LOGS=${LOGS:-/tmp/gpu_check}
@@ -21,6 +33,11 @@ PY=${PYTHON:-python3}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-offline}
 export MUJOCO_GL=disable  # nothing here renders, and "egl" without libEGL (as on the GPU machine) breaks import mujoco
+
+die() {
+  echo "error: $*" >&2
+  exit 2
+}
 
 step_env() {
   {
@@ -38,17 +55,49 @@ step_env() {
 
 step_table() {  # detached: setsid puts it in its own session, so it runs on after the call that started it returns
   rm -f "$LOGS/table.done"
+  : >"$LOGS/table.log"  # a job counts as started once its log exists (see step_wait)
   # shellcheck disable=SC2086
   setsid nohup bash -c "$PY benchmark/speed.py table --profile gpu --out '$LOGS' --host gpu ${TABLE_ARGS:-} \
     >'$LOGS/table.log' 2>&1; echo \$? >'$LOGS/table.done'" >/dev/null 2>&1 < /dev/null &
   echo "table started (pid $!), log $LOGS/table.log"
 }
 
+# A detached job (table, atari) counts as started when $LOGS/JOB.log exists and as finished when JOB.done does.
 step_wait() {
-  local limit=$1 t0=$SECONDS
-  while [[ ! -f $LOGS/table.done ]] && ((SECONDS - t0 < limit)); do sleep 5; done
-  if [[ -f $LOGS/table.done ]]; then echo "table finished, exit $(cat "$LOGS/table.done")"; else echo "table still running"; fi
-  tail -n 5 "$LOGS/table.log"
+  local limit=$1 t0=$SECONDS job pending pid
+  [[ $limit =~ ^[0-9]+$ ]] || die "wait needs a number of seconds, got '$limit'"
+  local jobs=()
+  for job in table atari; do [[ -f $LOGS/$job.log ]] && jobs+=("$job"); done
+  if ((${#jobs[@]} == 0)); then
+    echo "no detached job (table, atari) was started in $LOGS"
+    return
+  fi
+  while :; do
+    pending=0
+    for job in "${jobs[@]}"; do [[ -f $LOGS/$job.done ]] || pending=1; done
+    ((pending && SECONDS - t0 < limit)) || break
+    sleep "$((limit - (SECONDS - t0) < 5 ? limit - (SECONDS - t0) : 5))"
+  done
+  for job in "${jobs[@]}"; do
+    if [[ -f $LOGS/$job.done ]]; then
+      echo "$job finished, exit $(cat "$LOGS/$job.done")"
+    elif [[ $job == atari ]] && pid=$(cat "$LOGS/atari.pid" 2>/dev/null) && ! kill -0 "$pid" 2>/dev/null; then
+      echo "atari is not running (pid $pid) and wrote no exit code"
+    else
+      echo "$job still running"
+    fi
+    tail -n 5 "$LOGS/$job.log"
+    [[ $job == atari ]] && atari_progress
+  done
+}
+
+atari_progress() {  # each run's newest "iteration" line: its step and SPS
+  local f line
+  for f in "$LOGS"/atari/*.log; do
+    [[ -f $f ]] || continue
+    line=$(grep -v '^#' "$f" | grep iteration | tail -n 1)
+    echo "  $(basename "$f" .log): ${line:-no iteration line yet}"
+  done
 }
 
 step_profile() {
@@ -77,27 +126,110 @@ step_train() {
   echo "training started, log $LOGS/train.log"
 }
 
+step_atari() {
+  local games=$1 src name
+  [[ -n ${games// /} ]] || die "atari needs games, e.g. atari \"Breakout Pong\""
+  local pid
+  if [[ ! -f $LOGS/atari.done ]] && pid=$(cat "$LOGS/atari.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; then
+    die "the atari sweep is already running (pid $pid, log $LOGS/atari.log); stop it first"
+  fi
+  # (1) the committed partial runs: --resume-existing continues them from their checkpoint.pt
+  mkdir -p runs
+  for src in benchmark/results/atari_gpu/runs/*/; do
+    [[ -d $src ]] || continue
+    name=$(basename "$src")
+    if [[ -e runs/$name ]]; then
+      echo "atari: kept runs/$name (already there; not overwritten)"
+    else
+      cp -r "${src%/}" "runs/$name" && echo "atari: copied benchmark/results/atari_gpu/runs/$name -> runs/$name"
+    fi
+  done
+  # (2) the dry run, with the same settings as the real sweep: which runs start, which resume, which are finished
+  local sweep=(env JOBS_PER_GPU="${JOBS_PER_GPU:-2}" SEEDS="${SEEDS:-1}" PYTHON="$PY" LOG_DIR="$LOGS/atari"
+    bash benchmark/ppo_atari.sh --games "$games" --resume-existing)
+  local run_args=(--compile --cudagraphs --save-model --no-progress-bar)
+  # shellcheck disable=SC2206  # ATARI_ARGS is a list of words
+  run_args+=(${ATARI_ARGS:-})
+  "${sweep[@]}" --dry-run -- "${run_args[@]}" 2>&1 | tee "$LOGS/atari_dry_run.txt"
+  ((PIPESTATUS[0] == 0)) || die "atari: the sweep's dry run failed (above); nothing was started"
+  if [[ ${ATARI_DRY_RUN:-0} == 1 ]]; then
+    echo "atari: ATARI_DRY_RUN=1, nothing was started"
+    return
+  fi
+  # (3) the sweep, detached (like step_table); the wrapper records the sweep's pid (for stop) and its exit code
+  rm -f "$LOGS/atari.done" "$LOGS/atari.pid"
+  : >"$LOGS/atari.log"  # a job counts as started once its log exists (see step_wait)
+  # shellcheck disable=SC2016  # the wrapper expands its own arguments
+  setsid nohup bash -c 'log=$1 done=$2 pidfile=$3; shift 3
+    "$@" >"$log" 2>&1 </dev/null &
+    echo $! >"$pidfile"; wait $!; echo $? >"$done"' atari "$LOGS/atari.log" "$LOGS/atari.done" "$LOGS/atari.pid" \
+    "${sweep[@]}" -- "${run_args[@]}" >/dev/null 2>&1 </dev/null &
+  local t0=$SECONDS
+  while [[ ! -s $LOGS/atari.pid ]] && ((SECONDS - t0 < 10)); do sleep 0.2; done
+  echo "atari sweep started (pid $(cat "$LOGS/atari.pid" 2>/dev/null)), log $LOGS/atari.log, run logs $LOGS/atari/"
+}
+
 step_stop() {
   local dest=$1 pid
-  pid=$(pgrep -f "ppo_atari.py --no-progress-bar" | head -1)
-  if [[ -n $pid ]]; then
-    kill -TERM "$pid"
-    while kill -0 "$pid" 2>/dev/null; do sleep 1; done  # it finishes the iteration and writes checkpoint.pt
-  fi
-  tail -n 4 "$LOGS/train.log"
   mkdir -p "$dest"
-  cp "$LOGS/train.log" "$dest/"
-  (cd "$LOGS/train" && tar cf - runs | split -b 15M - "$dest/run.tar.part-")
+  if [[ -f $LOGS/train.log ]]; then  # `train` was started here
+    pid=$(pgrep -f "ppo_atari.py --no-progress-bar" | head -1)
+    if [[ -n $pid ]]; then
+      kill -TERM "$pid"
+      while kill -0 "$pid" 2>/dev/null; do sleep 1; done  # it finishes the iteration and writes checkpoint.pt
+    fi
+    tail -n 4 "$LOGS/train.log"
+    cp "$LOGS/train.log" "$dest/"
+    (cd "$LOGS/train" && tar cf - runs | split -b 15M - "$dest/run.tar.part-")
+  fi
+  [[ -f $LOGS/atari.log ]] && stop_atari "$dest"
+  [[ -f $LOGS/train.log || -f $LOGS/atari.log ]] || echo "nothing to stop: neither train nor atari was started in $LOGS"
   ls -la "$dest"
+}
+
+stop_atari() {
+  local dest=$1 pid t0=$SECONDS
+  pid=$(cat "$LOGS/atari.pid" 2>/dev/null)
+  # only the sweep this script started: its pid, still alive, still benchmark/ppo_atari.sh
+  if [[ ! -f $LOGS/atari.done && -n $pid ]] && kill -0 "$pid" 2>/dev/null &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'ppo_atari\.sh'; then
+    echo "atari: stopping the sweep (pid $pid): each run finishes its iteration and writes checkpoint.pt"
+    kill -TERM "$pid"
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS - t0 < 420)); do sleep 1; done
+    while [[ ! -f $LOGS/atari.done ]] && ((SECONDS - t0 < 425)); do sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && echo "atari: WARNING: the sweep still runs after $((SECONDS - t0)) s; copying anyway"
+  fi
+  [[ -f $LOGS/atari.done ]] && echo "atari: sweep ended, exit $(cat "$LOGS/atari.done")"
+  tail -n 12 "$LOGS/atari.log"
+  cp "$LOGS/atari.log" "$dest/"
+  if [[ -d $LOGS/atari ]]; then
+    mkdir -p "$dest/atari"
+    cp "$LOGS"/atari/*.log "$LOGS"/atari/*.txt "$dest/atari/" 2>/dev/null
+  fi
+  local dirs=(runs/ALE_*__ppo_atari__*)
+  if [[ -e ${dirs[0]} ]]; then
+    tar cf - "${dirs[@]}" | split -b 15M - "$dest/atari.tar.part-"
+    echo "atari: ${#dirs[@]} run folder(s) in $dest/atari.tar.part-* (in the repo root: cat atari.tar.part-* | tar x)"
+  else
+    echo "atari: no runs/ALE_*__ppo_atari__* to bring back"
+  fi
 }
 
 while (($#)); do
   case $1 in
     env | table | profile | tests | train) "step_$1" ;;
-    wait) step_wait "${2:?wait needs a number of seconds}"; shift ;;
-    collect) step_collect "${2:?collect needs a folder}"; shift ;;
-    stop) step_stop "${2:?stop needs a folder}"; shift ;;
-    *) echo "error: unknown step '$1' (env, table, wait N, profile, tests, collect DIR, train, stop DIR)" >&2; exit 2 ;;
+    wait | collect | stop | atari)
+      if [[ -z ${2:-} ]]; then
+        case $1 in
+          wait) die "wait needs a number of seconds, e.g. wait 500" ;;
+          atari) die "atari needs games, e.g. atari \"Breakout Pong\"" ;;
+          *) die "$1 needs a folder, e.g. $1 \"\$OUT\"" ;;
+        esac
+      fi
+      "step_$1" "$2"
+      shift
+      ;;
+    *) die "unknown step '$1' (env, table, wait N, profile, tests, collect DIR, train, atari GAMES, stop DIR)" ;;
   esac
   shift
 done

@@ -5,12 +5,19 @@
 Run directories are named ``{env_tag}__{exp_name}__{seed}__{timestamp}`` (the scripts' run_name); runs are grouped
 by (exp_name, env). Per group the table gives: the mean +- sample std over seeds of each run's mean return over its
 last 100 episodes (``charts/episodic_return``), steps reached (largest global_step logged, in agent steps), wall
-time (first to last event), SPS (median of the logged ``charts/SPS``), the run's status, and published reference
-scores from ``benchmark/reference_scores.csv``; a References section lists each env's references side by side
-with the environment they were measured on and their protocol, so a reader can see which one is comparable (ALE
-v5 with sticky actions is not NoFrameskip-v4). No wandb needed. (dqn_snake_vec.py logs ``charts/episodic_return``
-as the mean over the games that ended in each log interval, so for Snake "last 100 episodes" means the last 100
-logged points.)
+time (first to last event of each process, summed), SPS (median of the logged ``charts/SPS``), the device, the
+run's status, and published reference scores from ``benchmark/reference_scores.csv``; a References section lists
+each env's references side by side with the environment they were measured on and their protocol, so a reader can
+see which one is comparable (ALE v5 with sticky actions is not NoFrameskip-v4). No wandb needed. (dqn_snake_vec.py
+logs ``charts/episodic_return`` as the mean over the games that ended in each log interval, so for Snake "last 100
+episodes" means the last 100 logged points.)
+
+Segments: every process writes its own event file, so a run continued with --resume (maybe on another machine) has
+one file per part. Each file is a segment, named by the "device" text the scripts log at its start (older files
+without it: "GPU (name not logged)" when they hold GPU samples). A segment's events after the step the next one
+resumed from are dropped: that work was lost with the process (a crash after the last checkpoint) and done again.
+The wall time leaves out the gaps between segments; a run whose segments ran on different devices gets one SPS per
+device, and a Segments section lists every part.
 
 Status: a run's ``checkpoint.pt`` says how it stands (the scripts write "running" periodically, "stopped" when a
 signal stopped them, "finished" at the end): finished is "done", stopped is "stopped at X%" with the --resume
@@ -39,6 +46,25 @@ DASH = "-"
 
 
 @dataclass
+class Segment:
+    """One process's part of a run (a fresh start or a --resume): one event file."""
+
+    file: str
+    device: str
+    start_step: int  # the step it started (or resumed) at
+    last_step: int = 0  # the last step it logged and kept
+    lost_steps: int = 0  # steps it logged past the next segment's start: lost with the process and done again
+    first_event: float = math.inf
+    last_event: float = -math.inf
+    sps: float | None = None
+    episodes: int = 0
+
+    @property
+    def wall_time(self) -> float:
+        return max(0.0, self.last_event - self.first_event)
+
+
+@dataclass
 class Run:
     path: str
     name: str
@@ -50,7 +76,9 @@ class Run:
     last_step: int = 0
     wall_time: float = 0.0
     last_event: float = 0.0
-    sps: float | None = None
+    sps: float | None = None  # median of every kept SPS sample
+    sps_by_device: dict[str, float] = field(default_factory=dict)  # median per device, in the order they ran
+    segments: list[Segment] = field(default_factory=list)
     total_timesteps: int | None = None
     iteration_steps: int = 0  # num_envs x num_steps: a run may stop at the last whole iteration below the total
     checkpoint: str | None = None  # path of checkpoint.pt, when the run has one
@@ -60,6 +88,10 @@ class Run:
     @property
     def episodes(self) -> int:
         return len(self.returns)
+
+    @property
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys(seg.device for seg in self.segments if seg.last_step >= seg.start_step))
 
     def final_return(self, last_n: int) -> float | None:
         return float(np.mean(self.returns[-last_n:])) if len(self.returns) else None
@@ -122,48 +154,91 @@ def parse_hparams(text: str) -> dict[str, str]:
     return out
 
 
-def load_run(path: str) -> Run | None:
+def read_event_file(file: str) -> tuple[dict[str, list[tuple[int, float, float]]], dict[str, str]]:
+    """One event file's scalars (tag -> [(step, wall_time, value)]) and texts (tag -> text)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    acc = EventAccumulator(file, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    scalars = {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in tags.get("scalars", [])}
+    texts = {}
+    for tag in tags.get("tensors", []):
+        try:
+            texts[tag.removesuffix("/text_summary")] = acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()
+        except (IndexError, UnicodeDecodeError):
+            continue
+    return {tag: events for tag, events in scalars.items() if events}, texts
+
+
+def segment_device(scalars: dict, texts: dict[str, str]) -> str:
+    if texts.get("device"):
+        return texts["device"].strip()
+    if any(tag.startswith("gpu/") or tag == "memory/peak_allocated_mib" for tag in scalars):
+        return "GPU (name not logged)"
+    return "not logged"
+
+
+def load_run(path: str) -> Run | None:
     m = RUN_RE.match(os.path.basename(os.path.normpath(path)))
     if not m:
         return None
     run = Run(path, m.group(0), m.group("env"), m.group("exp"), int(m.group("seed")))
-    acc = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    tags = acc.Tags()
-    first, last, last_step = math.inf, -math.inf, 0
-    for tag in tags.get("scalars", []):
-        events = acc.Scalars(tag)
-        if not events:
-            continue
-        first = min(first, min(e.wall_time for e in events))
-        last = max(last, max(e.wall_time for e in events))
-        last_step = max(last_step, max(e.step for e in events))
-        if tag == RETURN_TAG:
-            run.steps = np.array([e.step for e in events], dtype=np.float64)
-            run.returns = np.array([e.value for e in events], dtype=np.float64)
-            order = np.argsort(run.steps, kind="stable")
-            run.steps, run.returns = run.steps[order], run.returns[order]
-        elif tag == SPS_TAG:
-            run.sps = float(np.median([e.value for e in events]))
-    if math.isfinite(first):
-        run.wall_time, run.last_event, run.last_step = last - first, last, int(last_step)
-    for tag in tags.get("tensors", []):
-        if tag.startswith("hyperparameters"):
-            try:
-                text = acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()
-            except (IndexError, UnicodeDecodeError):
+    parts = []
+    for name in sorted(f for f in os.listdir(path) if f.startswith("events.out.tfevents")):
+        scalars, texts = read_event_file(os.path.join(path, name))
+        if scalars:  # a process that died before its first log leaves an empty file
+            parts.append((name, scalars, texts))
+    parts.sort(key=lambda part: min(e[1] for events in part[1].values() for e in events))  # in the order they ran
+    returns, sps_all, sps_device = [], [], {}
+    for i, (name, scalars, texts) in enumerate(parts):
+        start = min(e[0] for events in scalars.values() for e in events)
+        # the next segment resumed from a checkpoint at its start step: what this one logged after that was lost
+        keep_until = min(e[0] for events in parts[i + 1][1].values() for e in events) if i + 1 < len(parts) else None
+        seg = Segment(name, segment_device(scalars, texts), start)
+        if keep_until is not None:
+            seg.lost_steps = max(0, max(e[0] for events in scalars.values() for e in events) - keep_until)
+        for tag, events in scalars.items():
+            kept = [e for e in events if keep_until is None or e[0] <= keep_until]
+            run.last_event = max(run.last_event, max(e[1] for e in events))  # a crash's last words count for "stale"
+            if not kept:
                 continue
-            hparams = parse_hparams(text)
-            total = hparams.get("total_timesteps")
-            if total and total.lstrip("-").isdigit():
-                run.total_timesteps = int(total)
-            envs, steps = hparams.get("num_envs", ""), hparams.get("num_steps", "1")  # DQN: one step per iteration
-            if envs.isdigit() and steps.isdigit():
-                run.iteration_steps = int(envs) * int(steps)
+            seg.first_event = min(seg.first_event, min(e[1] for e in kept))
+            seg.last_event = max(seg.last_event, max(e[1] for e in kept))
+            seg.last_step = max(seg.last_step, max(e[0] for e in kept))
+            if tag == RETURN_TAG:
+                returns += [(e[0], e[2]) for e in kept]
+                seg.episodes = len(kept)
+            elif tag == SPS_TAG:
+                seg.sps = float(np.median([e[2] for e in kept]))
+                sps_all += [e[2] for e in kept]
+                sps_device.setdefault(seg.device, []).extend(e[2] for e in kept)
+        run.segments.append(seg)
+        for tag, text in texts.items():
+            if tag == "hyperparameters":
+                read_hparams(run, text)
+    if returns:
+        returns.sort(key=lambda r: r[0])  # stable: episodes that ended at the same step keep their order
+        run.steps = np.array([r[0] for r in returns], dtype=np.float64)
+        run.returns = np.array([r[1] for r in returns], dtype=np.float64)
+    if sps_all:
+        run.sps = float(np.median(sps_all))
+        run.sps_by_device = {device: float(np.median(values)) for device, values in sps_device.items()}
+    run.last_step = max((seg.last_step for seg in run.segments), default=0)
+    run.wall_time = sum(seg.wall_time for seg in run.segments)  # not the hours between a stop and its resume
     read_checkpoint(run)
     return run
+
+
+def read_hparams(run: Run, text: str) -> None:
+    """total_timesteps and the steps of one iteration from the "hyperparameters" table the scripts log."""
+    hparams = parse_hparams(text)
+    total = hparams.get("total_timesteps")
+    if total and total.lstrip("-").isdigit():
+        run.total_timesteps = int(total)
+    envs, steps = hparams.get("num_envs", ""), hparams.get("num_steps", "1")  # DQN: one step per iteration
+    if envs.isdigit() and steps.isdigit():
+        run.iteration_steps = int(envs) * int(steps)
 
 
 @dataclass
@@ -225,6 +300,8 @@ def group_stats(runs: list[Run], last_n: int) -> dict:
     finals = [r.final_return(last_n) for r in runs]
     finals = [f for f in finals if f is not None]
     sps = [r.sps for r in runs if r.sps is not None]
+    devices = list(dict.fromkeys(d for r in runs for d in r.devices))
+    sps_by_device = {d: [r.sps_by_device[d] for r in runs if d in r.sps_by_device] for d in devices}
     return {
         "n": len(runs),
         "n_with_episodes": len(finals),
@@ -234,7 +311,16 @@ def group_stats(runs: list[Run], last_n: int) -> dict:
         "steps_max": max(r.last_step for r in runs),
         "wall_mean": float(np.mean([r.wall_time for r in runs])),
         "sps": float(np.mean(sps)) if sps else None,
+        "devices": devices,
+        "sps_by_device": {d: float(np.mean(v)) for d, v in sps_by_device.items() if v},  # mean over seeds
     }
+
+
+def device_cells(devices: list[str], sps: float | None, sps_by_device: dict[str, float]) -> tuple[str, str]:
+    """The SPS and device cells: one number and one name, or one of each per device ("4,059 / 370")."""
+    if len(devices) <= 1:
+        return fmt_num(sps, 0), devices[0] if devices else DASH
+    return " / ".join(fmt_num(sps_by_device.get(d), 0) for d in devices), " / ".join(devices)
 
 
 def curve_on_grid(runs: list[Run], grid: np.ndarray, smooth: int) -> np.ndarray:
@@ -303,14 +389,37 @@ class _quiet_nan_warnings:
         return self._cm.__exit__(*exc)
 
 
+def segments_section(runs: list[Run]) -> list[str]:
+    """One row per process of each run that was continued with --resume, in the order they ran."""
+    if not runs:
+        return []
+    lines = [
+        "",
+        "## Segments",
+        "",
+        "Runs continued with --resume: one row per process. Steps a process logged after the checkpoint that the next "
+        "one resumed from were lost with it and done again (redone); they are left out of every figure.",
+        "",
+        "| run | segment | device | steps | wall time | SPS | episodes | redone |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        for i, seg in enumerate(r.segments, 1):
+            lines.append(
+                f"| {r.name} | {i} | {seg.device} | {seg.start_step:,}–{seg.last_step:,} | {fmt_time(seg.wall_time)} "
+                f"| {fmt_num(seg.sps, 0)} | {seg.episodes} | {f'{seg.lost_steps:,}' if seg.lost_steps else DASH} |"
+            )
+    return lines
+
+
 def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s: float) -> str:
     by_group: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
         by_group.setdefault((r.exp, r.env), []).append(r)
     lines = [
         "| script (exp_name) | env | seeds | return, last "
-        f"{last_n} episodes (mean ± std) | steps reached | wall time | SPS | reference | status |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"{last_n} episodes (mean ± std) | steps reached | wall time | SPS | device | reference | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (exp, env), group in sorted(by_group.items()):
         s = group_stats(group, last_n)
@@ -328,22 +437,26 @@ def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s:
             for r in sorted(refs.get(env, []), key=lambda r: not same_env(env, r))
         )
         states = sorted({r.status(now, recent_s) for r in group})
+        sps, device = device_cells(s["devices"], s["sps"], s["sps_by_device"])
         lines.append(
-            f"| {exp} | {env} | {s['n']} | {ret} | {steps} | {fmt_time(s['wall_mean'])} | {fmt_num(s['sps'], 0)} "
+            f"| {exp} | {env} | {s['n']} | {ret} | {steps} | {fmt_time(s['wall_mean'])} | {sps} | {device} "
             f"| {ref or DASH} | {', '.join(states)} |"
         )
     lines += [
         "",
         "Per run:",
         "",
-        "| run | episodes | return, last episodes | steps | wall time | SPS | status |",
-        "|---|---|---|---|---|---|---|",
+        "| run | episodes | return, last episodes | steps | wall time | SPS | device | status |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name)):
+    ordered = sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name))
+    for r in ordered:
+        sps, device = device_cells(r.devices, r.sps, r.sps_by_device)
         lines.append(
             f"| {r.name} | {r.episodes} | {fmt_num(r.final_return(last_n))} | {r.last_step:,} | "
-            f"{fmt_time(r.wall_time)} | {fmt_num(r.sps, 0)} | {r.status(now, recent_s, long=True)} |"
+            f"{fmt_time(r.wall_time)} | {sps} | {device} | {r.status(now, recent_s, long=True)} |"
         )
+    lines += segments_section([r for r in ordered if len(r.segments) > 1])
     lines += ["", *references_section(sorted({r.env for r in runs}), refs)]
     return "\n".join(lines) + "\n"
 

@@ -95,6 +95,8 @@ def test_same_runtime_flags_log_keys_and_messages(script):
     # a key is written whole, or its chart name is (dqn_snake_vec builds "charts/<name>" from a table)
     assert [key for key in LOG_KEYS if f'"{key}"' not in text and f'"{key.split("/")[1]}"' not in text] == []
     assert [message for message in MESSAGES if message not in text] == []
+    # each process names its machine, so a report can tell apart the parts of a run resumed elsewhere
+    assert 'writer.add_text("device", gpu_utils.device_label(device), global_step)' in text
     for key in ["model", "optimizer", "args", "iteration", "global_step", "rng", "run_name", "status"]:
         assert re.search(rf"\b{key}=", text), f"checkpoint key {key}"
     assert "wandb_id=" in text

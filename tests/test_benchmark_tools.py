@@ -3,8 +3,11 @@ size, and benchmark/gpu_check.sh's handling of its steps. Nothing here is timed.
 
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,3 +38,170 @@ def test_gpu_check_refuses_an_unknown_step():
                          text=True, timeout=60, env={**os.environ, "LOGS": "/tmp/gpu_check_test"})  # fmt: skip
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
     assert "unknown step 'nope'" in res.stderr and "collect DIR" in res.stderr
+
+
+# ---------------------------------------------------------------- gpu_check.sh atari / wait / stop
+# The atari step writes into <repo>/runs/, so these tests run a throwaway copy of the scripts (the scripts find the
+# repo root from their own location); nothing here trains or signals a process it did not start.
+SCRIPTS = ["gpu_check.sh", "ppo_atari.sh", "common.sh", "atari_lambdas.csv", "slurm/checkpoint_status.py"]
+BREAKOUT_RUN = "ALE_Breakout-v5__ppo_atari__1__123"
+PONG_RUN = "ALE_Pong-v5__ppo_atari__1__50"
+
+
+def _repo_copy(tmp_path):
+    repo = tmp_path / "repo"
+    for name in SCRIPTS:
+        (repo / "benchmark" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, "benchmark", name), repo / "benchmark" / name)
+    return repo
+
+
+def _gpu_check(repo, logs, *steps, **env):
+    base = {k: v for k, v in os.environ.items() if k not in {"JOBS_PER_GPU", "SEEDS", "ATARI_ARGS", "ATARI_DRY_RUN"}}
+    env = {**base, "LOGS": str(logs), "PYTHON": sys.executable, "NUM_GPUS": "1", **env}
+    cmd = ["bash", str(repo / "benchmark" / "gpu_check.sh"), *steps]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_gpu_check_atari_dry_run_seeds_runs_and_shows_what_resumes(tmp_path):
+    import torch
+
+    repo, logs = _repo_copy(tmp_path), tmp_path / "logs"
+    committed = repo / "benchmark" / "results" / "atari_gpu" / "runs"
+    (committed / BREAKOUT_RUN).mkdir(parents=True)
+    ckpt = {"args": {"total_timesteps": 10_000_000}, "status": "stopped", "global_step": 2_150_400, "iteration": 1050}
+    torch.save(ckpt, committed / BREAKOUT_RUN / "checkpoint.pt")
+    (committed / BREAKOUT_RUN / "events.out.tfevents.1").write_text("events")
+    (committed / PONG_RUN).mkdir()
+    (committed / PONG_RUN / "note.txt").write_text("committed")
+    (repo / "runs" / PONG_RUN).mkdir(parents=True)  # a run already here (say, from an earlier call) stays as it is
+    (repo / "runs" / PONG_RUN / "note.txt").write_text("local")
+
+    res = _gpu_check(repo, logs, "atari", "Breakout Pong", ATARI_DRY_RUN="1")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = res.stdout
+    # (1) the committed run was copied, the one already in runs/ was not overwritten
+    assert (repo / "runs" / BREAKOUT_RUN / "checkpoint.pt").read_bytes() == (
+        committed / BREAKOUT_RUN / "checkpoint.pt"
+    ).read_bytes()
+    assert (repo / "runs" / BREAKOUT_RUN / "events.out.tfevents.1").read_text() == "events"
+    assert (repo / "runs" / PONG_RUN / "note.txt").read_text() == "local"
+    assert f"copied benchmark/results/atari_gpu/runs/{BREAKOUT_RUN}" in out and f"kept runs/{PONG_RUN}" in out
+    # (2) the dry run: Breakout continues its checkpoint, Pong starts fresh, both with the GPU flags; 1 seed, 2 per GPU
+    commands = [line for line in out.splitlines() if line.startswith("[session ")]
+    assert len(commands) == 2, out
+    breakout, pong = commands
+    assert "--env-id ALE/Breakout-v5" in breakout and "--env-id ALE/Pong-v5" in pong
+    assert f"--resume runs/{BREAKOUT_RUN}/checkpoint.pt" in breakout and "--resume" not in pong
+    for line in commands:
+        assert "--seed 1" in line
+        for flag in ["--compile", "--cudagraphs", "--save-model", "--no-progress-bar"]:
+            assert f" {flag}" in line, (flag, line)
+    assert "jobs_per_gpu=2" in out
+    assert (logs / "atari_dry_run.txt").read_text().count("[session ") == 2
+    # (3) ATARI_DRY_RUN=1: nothing started
+    for name in ["atari.log", "atari.done", "atari.pid"]:
+        assert not (logs / name).exists(), name
+    assert not (logs / "atari").exists()
+
+
+def test_gpu_check_atari_without_games_is_a_one_line_error(tmp_path):
+    for steps in [["atari"], ["atari", ""]]:
+        res = subprocess.run(["bash", os.path.join(ROOT, "benchmark", "gpu_check.sh"), *steps], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "LOGS": str(tmp_path)})  # fmt: skip
+        assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
+        assert "atari needs games" in res.stderr and "unknown step" not in res.stderr
+
+
+def test_gpu_check_wait_reports_every_started_job_and_each_runs_newest_iteration(tmp_path):
+    logs = tmp_path / "logs"
+    (logs / "atari").mkdir(parents=True)
+    (logs / "table.log").write_text("table is measuring\n")  # started, no table.done: still running
+    (logs / "atari.log").write_text("[sweep] summary\n")
+    (logs / "atari.done").write_text("0\n")
+    (logs / "atari" / "000_ALE_Breakout-v5_seed=1_lambda=0.70.log").write_text(
+        "# slot 0: ppo_atari.py --env-id ALE/Breakout-v5\n"
+        "iteration 10/1220: step 81920, SPS 5,000\n"
+        "iteration 20/1220: step 163840, SPS 6,000\n"
+        "episodic return 12\n"
+    )
+    (logs / "atari" / "001_ALE_Pong-v5_seed=1_lambda=0.95.log").write_text("# slot 1: ppo_atari.py\n")
+    res = subprocess.run(["bash", os.path.join(ROOT, "benchmark", "gpu_check.sh"), "wait", "1"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "LOGS": str(logs)})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "table still running" in out and "atari finished, exit 0" in out
+    assert "000_ALE_Breakout-v5_seed=1_lambda=0.70: iteration 20/1220: step 163840, SPS 6,000" in out
+    assert "iteration 10/1220" not in out
+    assert "001_ALE_Pong-v5_seed=1_lambda=0.95: no iteration line yet" in out
+
+
+STUB_SWEEP = r"""#!/usr/bin/env bash
+# a stand-in for benchmark/ppo_atari.sh: records how it was started, then runs until TERM (or 60 s)
+if [[ " $* " == *" --dry-run "* ]]; then echo "[stub] dry run: $*"; exit 0; fi
+mkdir -p "$LOG_DIR"
+printf '%s\n' "JOBS_PER_GPU=$JOBS_PER_GPU" "SEEDS=$SEEDS" "PYTHON=$PYTHON" "LOG_DIR=$LOG_DIR" "$@" >"$LOG_DIR/args.txt"
+echo "# slot 0: ppo_atari.py --env-id ALE/Breakout-v5" >"$LOG_DIR/000_ALE_Breakout-v5.log"
+stop() {
+  echo "iteration 30/1220: step 245760, SPS 7,000" >>"$LOG_DIR/000_ALE_Breakout-v5.log"
+  echo "checkpoint" >"runs/ALE_Breakout-v5__ppo_atari__1__123/checkpoint.pt"
+  echo "[stub] stopped"
+  exit 130
+}
+trap stop TERM
+echo "[stub] running"
+for ((i = 0; i < 600; i++)); do sleep 0.1; done
+"""
+
+
+def test_gpu_check_atari_starts_the_sweep_detached_and_stop_brings_its_runs_back(tmp_path):
+    repo, logs, dest = _repo_copy(tmp_path), tmp_path / "logs", tmp_path / "out"
+    (repo / "benchmark" / "ppo_atari.sh").write_text(STUB_SWEEP)
+    run = repo / "benchmark" / "results" / "atari_gpu" / "runs" / BREAKOUT_RUN
+    run.mkdir(parents=True)
+    big = os.urandom(1 << 20) * 17  # 17 MiB: two parts of at most 15 MiB
+    (run / "events.out.tfevents.1").write_bytes(big)
+    args = "--total-timesteps 10000000"
+    try:
+        res = _gpu_check(repo, logs, "atari", "Breakout", ATARI_ARGS=args)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert "[stub] dry run: --games Breakout --resume-existing --dry-run -- --compile" in res.stdout
+        pid = int((logs / "atari.pid").read_text())
+        for _ in range(100):
+            if (logs / "atari" / "args.txt").exists() and "[stub] running" in (logs / "atari.log").read_text():
+                break
+            time.sleep(0.1)
+        recorded = (logs / "atari" / "args.txt").read_text().splitlines()
+        assert recorded == [
+            "JOBS_PER_GPU=2",
+            "SEEDS=1",
+            f"PYTHON={sys.executable}",
+            f"LOG_DIR={logs / 'atari'}",
+            *"--games Breakout --resume-existing -- --compile --cudagraphs --save-model --no-progress-bar".split(),
+            *args.split(),
+        ]
+        assert not (logs / "atari.done").exists()
+        again = _gpu_check(repo, logs, "atari", "Breakout")
+        assert again.returncode == 2 and "already running" in again.stderr
+
+        res = _gpu_check(repo, logs, "stop", str(dest))
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    finally:  # never leave the stub running, whatever failed
+        pid_file = logs / "atari.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text())
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == str(repo):
+                    os.kill(pid, signal.SIGTERM)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    assert (logs / "atari.done").read_text().strip() == "130"
+    assert "[stub] stopped" in (dest / "atari.log").read_text()
+    assert "iteration 30/1220" in (dest / "atari" / "000_ALE_Breakout-v5.log").read_text()
+    parts = sorted(dest.glob("atari.tar.part-*"))
+    assert len(parts) == 2 and all(p.stat().st_size <= 16 << 20 for p in parts), parts
+    restore = tmp_path / "restore"
+    restore.mkdir()
+    subprocess.run(f"cat {dest}/atari.tar.part-* | tar xf -", shell=True, cwd=restore, check=True)
+    assert (restore / "runs" / BREAKOUT_RUN / "checkpoint.pt").read_text() == "checkpoint\n"
+    assert (restore / "runs" / BREAKOUT_RUN / "events.out.tfevents.1").read_bytes() == big

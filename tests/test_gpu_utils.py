@@ -58,6 +58,15 @@ def test_select_device_without_cuda(fake_gpus):
         select_device("cuda:7")
 
 
+def test_device_label_names_the_gpu_or_the_cpu_and_its_cores(monkeypatch):
+    cpu = gpu_utils.device_label(torch.device("cpu"))
+    assert cpu.startswith("CPU") and cpu.endswith(f", {gpu_utils.available_cpus()} cores") and "\n" not in cpu
+    if os.path.exists("/proc/cpuinfo"):  # Linux: the model name is there
+        assert len(cpu) > len(f"CPU, {gpu_utils.available_cpus()} cores")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: f"Fake GPU {d.index}")
+    assert gpu_utils.device_label(torch.device("cuda", 1)) == "Fake GPU 1"
+
+
 def test_select_device_with_faked_gpus(fake_gpus, monkeypatch):
     fake_gpus(2)
     assert [device("auto", session=s) for s in range(4)] == [torch.device("cuda", i) for i in (0, 1, 0, 1)]

@@ -18,6 +18,7 @@ from helpers import assert_micro_batches_match, oom_prefix
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
 sys.path.insert(0, str(ROOT))
+import gpu_utils  # noqa: E402
 import ppo_atari  # noqa: E402  (importing must have no side effects)
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress-bar"]
@@ -41,6 +42,14 @@ def scalars(run_dir):
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def device_text(event_file):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(event_file)
+    acc.Reload()
+    return acc.Tensors("device/text_summary")[0].tensor_proto.string_val[0].decode()
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +153,9 @@ def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
     steps = [s for s, _ in scalars(Path(ckpt_path).parent)["charts/learning_rate"]]
     assert steps[-1] == total and len(set(steps)) == 60
     assert torch.load(ckpt_path, weights_only=False)["status"] == "finished"
+    # one event file per process, each naming the machine it ran on (a resume may run elsewhere)
+    events = sorted(glob.glob(str(Path(ckpt_path).parent / "events.out.tfevents*")))
+    assert len(events) == 2 and [device_text(f) for f in events] == [gpu_utils.device_label(torch.device("cpu"))] * 2
 
 
 def test_eval_saved_model_and_checkpoint(base_run):

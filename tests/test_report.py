@@ -87,14 +87,15 @@ def test_report_group_numbers(report):
     text = (out / "report.md").read_text()
     assert text.count("| ppo_atari | ALE_Breakout-v5 |") == 1
     row = table_row(text, "ppo_atari", "ALE_Breakout-v5")
-    # script, env, seeds, return, steps, wall, SPS, reference, status
+    # script, env, seeds, return, steps, wall, SPS, device, reference, status
     assert row[2] == "2"
     assert row[3] == "104.5 ± 7.1"
     assert row[4] == "15,000"
     assert row[5] == "2m32s"  # 150 returns + 3 SPS events one second apart: 152 s
     assert row[6] == "250"  # mean over seeds of the median SPS (200 and 300)
-    assert row[7] == "326.5 (test lab); 274.8 (test paper, BreakoutNoFrameskip-v4)"  # the comparable one first
-    assert row[8] == "done"
+    assert row[7] == "not logged"  # no "device" text and no GPU samples in these event files
+    assert row[8] == "326.5 (test lab); 274.8 (test paper, BreakoutNoFrameskip-v4)"  # the comparable one first
+    assert row[9] == "done"
     assert res.stdout.startswith("| script")
 
 
@@ -104,13 +105,13 @@ def test_report_in_progress_and_no_episodes(report):
     pong = table_row(text, "ppo_atari", "ALE_Pong-v5")
     assert pong[3] == f"{(-21 * 10 - 20 * 20) / 30:,.1f}"  # fewer than 100 episodes: mean of all 30
     assert pong[4] == "5,000"
-    assert pong[8] == "running (5%)"
-    assert pong[7] == "-"
+    assert pong[9] == "running (5%)"
+    assert pong[8] == "-"
     cheetah = table_row(text, "ppo_continuous_heavy", "HalfCheetah-v5")
     assert cheetah[3].startswith("- (0/1 runs")
     assert cheetah[4] == "16,384"
     assert cheetah[6] == "1,234"
-    assert cheetah[7] == "1442.6 (test cleanrl, HalfCheetah-v4)"
+    assert cheetah[8] == "1442.6 (test cleanrl, HalfCheetah-v4)"
     per_run = table_row(text, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003")
     assert per_run[1] == "0" and per_run[2] == "-"
     seed2 = table_row(text, "ALE_Breakout-v5__ppo_atari__2__1700000001")
@@ -203,6 +204,56 @@ def test_report_status_from_checkpoints(tmp_path):
     assert status["ALE_Pong-v5__ppo_atari__5__1700000000"].startswith("stale at 100%")
     group = table_row(text, "ppo_atari", "ALE_Pong-v5")[-1]  # the group table: short forms
     assert group == "done, running (20%), stale (100%), stale (31%), stopped (40%)"
+
+
+def write_segment(run_dir, start, returns, sps, t0, device=None, gpu_samples=False):
+    """One process's event file, as the scripts write it: the memory estimate (and the device) at the step it started
+    from, then returns and SPS as (step, value); an event's wall time is t0 plus a second per 10 steps from start."""
+    w = SummaryWriter(str(run_dir))
+    w.add_scalar("memory/estimated_mib", 160.0, start, walltime=t0)
+    if device:
+        w.add_text("device", device, start, walltime=t0)
+    events = [("charts/episodic_return", step, v) for step, v in returns] + [("charts/SPS", step, v) for step, v in sps]
+    events += [("gpu/util_mean", step, 90.0) for step, _ in sps] if gpu_samples else []
+    for tag, step, value in sorted(events, key=lambda e: e[1]):
+        w.add_scalar(tag, value, step, walltime=t0 + (step - start) / 10)
+    w.close()
+
+
+def test_report_joins_a_run_resumed_on_other_machines(tmp_path):
+    """Three processes, one event file each: the first on a GPU that did not log its name, then a CPU that crashed
+    300 steps after its last checkpoint, then the CPU again from that checkpoint, hours later. Figures come from the
+    kept steps only, the wall time leaves out the gaps, and SPS is given per device."""
+    run_dir = tmp_path / "runs" / "ALE_Breakout-v5__ppo_atari__1__1700000000"
+    cpu = "CPU Test Model, 2 cores"
+    write_segment(run_dir, 0, [(100 * k, 1.0) for k in range(1, 11)], [(500, 1000.0), (1000, 1000.0)], 1000.0,
+                  gpu_samples=True)  # fmt: skip
+    # crashed at 1,500; its checkpoint was at 1,200: the returns and SPS after 1,200 are lost (and worth 100 each)
+    write_segment(run_dir, 1000, [(1100, 100.0), (1200, 100.0), (1300, 100.0), (1400, 100.0), (1500, 100.0)],
+                  [(1100, 80.0), (1500, 100.0)], 5000.0, device=cpu)  # fmt: skip
+    write_segment(run_dir, 1200, [(100 * k, 2.0) for k in range(13, 21)], [(2000, 50.0)], 20000.0, device=cpu)
+    write_checkpoint(run_dir, "stopped", 2000, 4000)
+    res = run_report(tmp_path / "runs", "--out", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    row = table_row(text, "ppo_atari", "ALE_Breakout-v5")
+    assert row[3] == f"{(10 * 1 + 2 * 100 + 8 * 2) / 20:.1f}"  # 20 kept games; the 3 lost ones are not counted
+    assert row[4] == "2,000"
+    assert row[5] == "3m20s"  # 100 s + 20 s kept + 80 s, not the hours between the processes
+    assert row[6:8] == ["1,000 / 65", f"GPU (name not logged) / {cpu}"]  # median per device: CPU [80, 50]
+    assert row[9] == "stopped (50%)"
+    per_run = table_row(text.split("## Segments")[0], run_dir.name)
+    assert per_run[1:7] == ["20", "11.3", "2,000", "3m20s", "1,000 / 65", f"GPU (name not logged) / {cpu}"]
+    segments = text.split("## Segments")[1].split("## References")[0]
+    seg = [table_row(segments, run_dir.name, str(i)) for i in (1, 2, 3)]
+    assert seg[0][2:] == ["GPU (name not logged)", "0–1,000", "1m40s", "1,000", "10", "-"]
+    assert seg[1][2:] == [cpu, "1,000–1,200", "0m20s", "80", "2", "300"]
+    assert seg[2][2:] == [cpu, "1,200–2,000", "1m20s", "50", "8", "-"]
+
+
+def test_report_single_process_run_has_no_segments_section(report):
+    text = (report[1] / "report.md").read_text()
+    assert "## Segments" not in text
 
 
 def test_reference_scores_file():
