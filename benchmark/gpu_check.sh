@@ -17,7 +17,8 @@
 #   benchmark/gpu_check.sh stop "$OUT"      # stop train and the atari sweep (SIGTERM: runs write checkpoint.pt),
 #                                           # bring back logs and run folders as 15 MiB parts:
 #                                           # cat run.tar.part-* | tar x (train), cat atari.tar.part-* | tar x
-#                                           # (atari, in the repo root); then --resume / atari again to continue
+#                                           # (atari, in the repo root: runs/ and the run logs in atari/); then
+#                                           # --resume / atari again to continue
 #
 # Knobs: LOGS, PYTHON (default python3), TABLE_ARGS (extra arguments for `speed.py table`), TEST_WORKERS (pytest-xdist
 # workers for `tests`, default 4; 0 runs them one by one), RUN_ARGS (ppo_atari.py arguments for `train`).
@@ -202,16 +203,16 @@ stop_atari() {
   [[ -f $LOGS/atari.done ]] && echo "atari: sweep ended, exit $(cat "$LOGS/atari.done")"
   tail -n 12 "$LOGS/atari.log"
   cp "$LOGS/atari.log" "$dest/"
-  if [[ -d $LOGS/atari ]]; then
-    mkdir -p "$dest/atari"
-    cp "$LOGS"/atari/*.log "$LOGS"/atari/*.txt "$dest/atari/" 2>/dev/null
-  fi
-  local dirs=(runs/ALE_*__ppo_atari__*)
-  if [[ -e ${dirs[0]} ]]; then
-    tar cf - "${dirs[@]}" | split -b 15M - "$dest/atari.tar.part-"
-    echo "atari: ${#dirs[@]} run folder(s) in $dest/atari.tar.part-* (in the repo root: cat atari.tar.part-* | tar x)"
+  # one archive for the run folders and the sweep's per-run logs (atari/): a call brings back at most 8 files
+  local dirs=(runs/ALE_*__ppo_atari__*) logs=()
+  [[ -d $LOGS/atari ]] && logs=(-C "$LOGS" atari)
+  [[ -e ${dirs[0]} ]] || dirs=()
+  if ((${#dirs[@]} + ${#logs[@]})); then
+    tar cf - "${dirs[@]}" "${logs[@]}" | split -b 15M - "$dest/atari.tar.part-"
+    echo "atari: ${#dirs[@]} run folder(s) and the run logs (atari/) in $dest/atari.tar.part-*" \
+      "(in the repo root: cat atari.tar.part-* | tar x)"
   else
-    echo "atari: no runs/ALE_*__ppo_atari__* to bring back"
+    echo "atari: no runs/ALE_*__ppo_atari__* and no run logs to bring back"
   fi
 }
 

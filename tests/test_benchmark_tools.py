@@ -197,7 +197,6 @@ def test_gpu_check_atari_starts_the_sweep_detached_and_stop_brings_its_runs_back
                 pass
     assert (logs / "atari.done").read_text().strip() == "130"
     assert "[stub] stopped" in (dest / "atari.log").read_text()
-    assert "iteration 30/1220" in (dest / "atari" / "000_ALE_Breakout-v5.log").read_text()
     parts = sorted(dest.glob("atari.tar.part-*"))
     assert len(parts) == 2 and all(p.stat().st_size <= 16 << 20 for p in parts), parts
     restore = tmp_path / "restore"
@@ -205,3 +204,5 @@ def test_gpu_check_atari_starts_the_sweep_detached_and_stop_brings_its_runs_back
     subprocess.run(f"cat {dest}/atari.tar.part-* | tar xf -", shell=True, cwd=restore, check=True)
     assert (restore / "runs" / BREAKOUT_RUN / "checkpoint.pt").read_text() == "checkpoint\n"
     assert (restore / "runs" / BREAKOUT_RUN / "events.out.tfevents.1").read_bytes() == big
+    assert "iteration 30/1220" in (restore / "atari" / "000_ALE_Breakout-v5.log").read_text()  # run logs in the tar
+    assert sorted(p.name for p in dest.iterdir()) == ["atari.log", *(p.name for p in parts)]  # few files come back
