@@ -590,6 +590,10 @@ sweep_run() {
       case "${SWEEP_ACTION[$i]:-fresh}" in
         skip) echo "[skip $i] ${SWEEP_LABELS[$i]}: ${SWEEP_NOTE[$i]}" ;;
         error) echo "[error $i] ${SWEEP_LABELS[$i]}: ${SWEEP_NOTE[$i]}" ;;
+        resume)
+          echo "[resume $i] ${SWEEP_LABELS[$i]}: ${SWEEP_NOTE[$i]}"
+          echo "[session $i] ${SWEEP_DEVICES[$i]}: $(_sweep_slot_prefix "${dry_slot[$i]}") ${SWEEP_FULL[$i]}"
+          ;;
         *) echo "[session $i] ${SWEEP_DEVICES[$i]}: $(_sweep_slot_prefix "${dry_slot[$i]}") ${SWEEP_FULL[$i]}" ;;
       esac
     done

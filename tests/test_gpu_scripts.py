@@ -75,3 +75,24 @@ def test_cudagraphs_alone_compiles_with_cuda_graphs_on_the_chosen_gpu(tmp_path):
     args = ["--env-id", "Pendulum-v1", "--preset", "fast", "--num-envs", 2, "--num-steps", 64, "--update-epochs", 1]
     out = run("ppo_continuous.py", [*args, "--total-timesteps", 256, "--cudagraphs", "--gpu", gpu], tmp_path)
     assert f"device: cuda:{gpu}" in out and "compile: the action step and the loss, mode reduce-overhead" in out
+
+
+def test_ppo_atari_run_from_a_cpu_checkpoint_continues_on_the_gpu(tmp_path):
+    """The full-budget runs move between machines (benchmark/results/atari_gpu): a checkpoint written on a CPU
+    (no CUDA generator state) resumes on the GPU with the speed flags, reaches its total and keeps one run dir."""
+    import torch
+
+    args = ["--num-envs", 8, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 1, "--checkpoint-every", 1]
+    out = run("ppo_atari.py", [*args, "--total-timesteps", 512, "--gpu", "false"], tmp_path)
+    assert "device: cpu" in out
+    (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoint.pt")
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    assert ckpt["rng"][0]["cuda"] is None
+    ckpt["args"]["total_timesteps"] = 1024  # two more iterations, as a stopped run would have left
+    ckpt["status"] = "stopped"
+    torch.save(ckpt, ckpt_path)
+    out = run("ppo_atari.py", ["--resume", ckpt_path, "--gpu", "true", *FAST_PATHS], tmp_path)
+    assert "device: cuda" in out and "done: step 1024/1024 in" in out
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    assert ckpt["status"] == "finished" and ckpt["global_step"] == 1024 and ckpt["rng"][0]["cuda"] is not None
+    assert len(list((tmp_path / "runs").iterdir())) == 1

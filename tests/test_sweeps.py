@@ -452,6 +452,8 @@ def test_dry_run_resume_existing(tmp_path):
     res = sweep("dqn_snake.sh", "--dry-run", "--resume-existing", "--sizes", "6", "--num-envs", "8", "--seeds", "1 2 3",
                 env=env, repo=repo)  # fmt: skip
     assert f"[skip 0] Snake6x6 n=8 seed=1: finished at step 100 of 100: runs/{done.name}/checkpoint.pt" in res.stdout
+    # where a resumed run continues from, before its command
+    assert f"[resume 1] Snake6x6 n=8 seed=2: stopped at step 40 of 100: runs/{stopped.name}/checkpoint.pt" in res.stdout
     runs = {s: cmd for s, _, cmd in sessions(res)}
     assert sorted(runs) == [1, 2]
     assert flag(runs[1], "--resume") == f"runs/{stopped.name}/checkpoint.pt"  # relative to the repo root (cwd)
