@@ -587,13 +587,10 @@ sweep_run() {
     "$SWEEP_K per run (OMP_NUM_THREADS=$SWEEP_K MKL_NUM_THREADS=$SWEEP_K), $pin_note; $slot_rule$share_note"
   if ((SWEEP_DRY_RUN)); then
     for ((i = 0; i < n; i++)); do
+      [[ "${SWEEP_ACTION[$i]:-fresh}" == resume ]] && echo "[resume $i] ${SWEEP_LABELS[$i]}: ${SWEEP_NOTE[$i]}"
       case "${SWEEP_ACTION[$i]:-fresh}" in
         skip) echo "[skip $i] ${SWEEP_LABELS[$i]}: ${SWEEP_NOTE[$i]}" ;;
         error) echo "[error $i] ${SWEEP_LABELS[$i]}: ${SWEEP_NOTE[$i]}" ;;
-        resume)
-          echo "[resume $i] ${SWEEP_LABELS[$i]}: ${SWEEP_NOTE[$i]}"
-          echo "[session $i] ${SWEEP_DEVICES[$i]}: $(_sweep_slot_prefix "${dry_slot[$i]}") ${SWEEP_FULL[$i]}"
-          ;;
         *) echo "[session $i] ${SWEEP_DEVICES[$i]}: $(_sweep_slot_prefix "${dry_slot[$i]}") ${SWEEP_FULL[$i]}" ;;
       esac
     done

@@ -190,12 +190,12 @@ def load_run(path: str) -> Run | None:
         if scalars:  # a process that died before its first log leaves an empty file
             parts.append((name, scalars, texts))
     parts.sort(key=lambda part: min(e[1] for events in part[1].values() for e in events))  # in the order they ran
+    starts = [min(e[0] for events in scalars.values() for e in events) for _, scalars, _ in parts]
     returns, sps_all, sps_device = [], [], {}
     for i, (name, scalars, texts) in enumerate(parts):
-        start = min(e[0] for events in scalars.values() for e in events)
         # the next segment resumed from a checkpoint at its start step: what this one logged after that was lost
-        keep_until = min(e[0] for events in parts[i + 1][1].values() for e in events) if i + 1 < len(parts) else None
-        seg = Segment(name, segment_device(scalars, texts), start)
+        keep_until = starts[i + 1] if i + 1 < len(parts) else None
+        seg = Segment(name, segment_device(scalars, texts), starts[i])
         if keep_until is not None:
             seg.lost_steps = max(0, max(e[0] for events in scalars.values() for e in events) - keep_until)
         for tag, events in scalars.items():
