@@ -2,7 +2,7 @@
 
 Device choice (``auto``/``true``/``false``/index) and rotation of runs across GPUs, TF32, the device's random state
 for checkpoints, CPU thread budgets, batch-size choice, memory estimates, out-of-memory-safe micro-batching and a
-sampling GPU monitor.
+sampling GPU monitor, and a CUDA graph wrapper for a whole training step.
 Importing this module has no side effects. ``python gpu_utils.py`` prints what this machine offers.
 """
 
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -142,11 +144,16 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one, else the machine's count)."""
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on, sorted (its affinity mask where the OS has one, else all the machine's)."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def available_cpus() -> int:
+    """How many CPUs this process may run on (see ``allowed_cpus``)."""
+    return len(allowed_cpus())
 
 
 def _leading_int(text: str) -> int:
@@ -179,6 +186,118 @@ def thread_budget(requested: int = 0) -> ThreadBudget:
         if 0 < value < threads:
             threads, why = value, var
     return ThreadBudget(max(1, threads), why)
+
+
+def split_cpus(cpus: Sequence[int], parts: int) -> list[list[int]]:
+    """Split ``cpus`` into ``parts`` disjoint contiguous groups whose sizes differ by at most one and that together
+    are all of ``cpus`` (runs at once each get their own cores). With more parts than CPUs, part i gets
+    ``[cpus[i % len(cpus)]]``."""
+    if parts < 1 or not cpus:
+        raise ValueError(f"split_cpus needs at least one part and one CPU, got {parts} parts of {list(cpus)}")
+    cpus = list(cpus)
+    if parts > len(cpus):
+        return [[cpus[i % len(cpus)]] for i in range(parts)]
+    size, extra = divmod(len(cpus), parts)
+    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [cpus[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+def _pin(cpus: Sequence[int]) -> None:
+    """Pin every thread of this process (torch's and the environments' workers too) to ``cpus``, where possible."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # the thread has ended meanwhile
+            pass
+
+
+class CpuShare:
+    """This run's share of the CPUs among the runs live on the machine, for runs started by hand.
+
+    Each run holds a lock file (``fcntl.flock``) in a per-user runtime directory while it lives, so a killed run
+    frees its place without cleanup. ``update()``, called once per iteration, at most once every ``interval`` seconds
+    lists the live runs (a lock file that can be locked is a dead run's and is removed), orders them by start, and
+    gives this run its part of ``split_cpus(its CPUs, live runs)``: torch threads and CPU affinity. A run alone keeps
+    every core. Inert (``update()`` always False) when the budget is explicit: ``--num-threads``, ``OMP_NUM_THREADS``,
+    ``SLURM_CPUS_PER_TASK`` or an affinity narrower than the machine (a sweep's ``taskset``), or without ``fcntl``.
+    """
+
+    def __init__(self, budget: ThreadBudget, directory: str | Path | None = None, interval: float = 1.0) -> None:
+        self.threads, self.why = budget.threads, budget.why
+        self.interval = interval
+        self.cpus = allowed_cpus()
+        self._pid = os.getpid()
+        self._next_update = 0.0
+        self._part = self.cpus
+        self._file = None
+        try:
+            import fcntl
+        except ImportError:  # Windows: no flock, no affinity
+            return
+        if budget.why != "CPU affinity" or len(self.cpus) < (os.cpu_count() or 1) or not hasattr(os, "getuid"):
+            return  # an explicit budget wins
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        default = Path(runtime, "gpu-rl") if runtime else Path(f"/tmp/gpu-rl-{os.getuid()}")
+        self.directory = Path(directory or default)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        name = f"{time.time_ns():020d}-{self._pid}"
+        # lock under a name the others skip, then rename: no run ever sees this file unlocked and removes it
+        self._file = open(self.directory / f"{name}.new", "w")
+        fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.path = self.directory / f"{name}.lock"
+        os.rename(self.directory / f"{name}.new", self.path)
+        os.register_at_fork(after_in_child=self._forget)  # a forked worker must not hold or release the lock
+
+    def _forget(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closes the child's copy only: the parent's lock stays held
+            self._file = None
+
+    def live_runs(self) -> list[Path]:
+        """The lock files of the live runs, oldest first; dead runs' files are removed."""
+        import fcntl
+
+        live = [self.path]  # this run counts even if something removed its file
+        for path in self.directory.glob("*.lock"):
+            if path == self.path:
+                continue
+            try:
+                with open(path) as other:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    path.unlink(missing_ok=True)  # we could lock it: its run is gone
+            except BlockingIOError:
+                live.append(path)
+            except OSError:  # removed by another run meanwhile
+                pass
+        return sorted(live)
+
+    def update(self) -> bool:
+        """Take this run's share of the CPUs, at most once every ``interval`` seconds; True when it changed."""
+        now = time.monotonic()
+        if self._file is None or now < self._next_update or os.getpid() != self._pid:
+            return False
+        self._next_update = now + self.interval
+        live = self.live_runs()
+        rank = live.index(self.path)
+        cpus = split_cpus(self.cpus, len(live))[rank]
+        if cpus == self._part:
+            return False
+        self._part = cpus
+        self.threads = len(cpus)
+        self.why = f"run {rank + 1} of {len(live)} live runs: CPUs {cpus}" if len(live) > 1 else "alone: all its CPUs"
+        torch.set_num_threads(self.threads)
+        _pin(cpus)
+        return True
+
+    def close(self) -> None:
+        """Leave the machine to the other runs (a killed run's place is freed by the OS instead)."""
+        if self._file is not None and os.getpid() == self._pid:
+            self.path.unlink(missing_ok=True)
+            self._file.close()
+            self._file = None
 
 
 def limit_threads(num_threads: int = 1) -> None:
@@ -390,6 +509,58 @@ def accumulate_gradients(
         size //= 2
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+Tensors = torch.Tensor | tuple[torch.Tensor, ...]  # what a captured step returns
+
+
+class CudaGraph:
+    """Run ``fn`` as one CUDA graph: LeanRL's whole-update capture (tensordict's ``CudaGraphModule``) in a few lines.
+
+    The first ``warmup`` calls run ``fn`` eagerly on a side stream; they are real calls (an optimizer step taken there
+    counts) and let cuBLAS, the caching allocator and the optimizer's state settle. The next call copies its tensor
+    arguments into static inputs, captures ``fn`` on them once and replays the graph; every later call copies its
+    arguments into the same static inputs and replays. So ``fn`` must take tensors of fixed shapes, make no host sync
+    (``.item()``, ``.cpu()``, data-dependent shapes, Python branches on tensor values) and return a tensor or a tuple
+    of tensors: static outputs that the next call overwrites (clone what you keep). An optimizer inside ``fn`` needs
+    ``capturable=True`` (a learning rate to anneal must be a tensor updated in place) and ``fn`` should start with
+    ``optimizer.zero_grad(set_to_none=True)``, so that backward writes the gradients into the graph's own memory.
+    Random numbers from the default CUDA generator advance on every replay; other generators are not tracked.
+
+    With ``enabled=False`` (the CPU, or a step a graph cannot hold) every call runs ``fn`` eagerly, so both paths run
+    the same code.
+    """
+
+    def __init__(self, fn: Callable[..., Tensors], enabled: bool = True, warmup: int = 3):
+        self.fn = fn
+        self.enabled = enabled
+        self.warmup = warmup
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_args: tuple[torch.Tensor, ...] = ()
+        self.static_out: Tensors | None = None
+
+    def __call__(self, *args: torch.Tensor) -> Tensors:
+        if not self.enabled:
+            return self.fn(*args)
+        if self.graph is None and self.calls < self.warmup:
+            self.calls += 1
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self.fn(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        if self.graph is None:
+            self.static_args = tuple(arg.clone() for arg in args)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # records the kernels without running them: the replay below runs them
+                self.static_out = self.fn(*self.static_args)
+        else:
+            for static, arg in zip(self.static_args, args, strict=True):
+                static.copy_(arg)
+        self.graph.replay()
+        return self.static_out
 
 
 class GPUMonitor:

@@ -1,5 +1,6 @@
 # PPO with the Nature DQN ConvNet on ALE v5 Atari games, CleanRL style, built to keep one GPU (or a CPU) busy.
 # Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7      (torchrun --nproc-per-node N for N GPUs)
+import collections
 import os
 import random
 import signal
@@ -63,7 +64,7 @@ class Args:
     compile: bool = False
     """torch.compile the action step and the loss"""
     cudagraphs: bool = False
-    """CUDA graphs for the compiled action step and loss (torch.compile mode reduce-overhead; implies --compile)"""
+    """CUDA graphs: the compiled action step (mode reduce-overhead) and each whole minibatch step; implies --compile"""
     amp: bool = False
     """bf16 autocast for the network's trunk (heads, log-probs, values and losses stay fp32)"""
     micro_batch: str = "auto"
@@ -73,7 +74,9 @@ class Args:
     env_id: str = "ALE/Breakout-v5"
     """any ALE/<Game>-v5 id"""
     env_threads: int = 0
-    """threads stepping the ale envs (0: the run's CPU threads, at most one per env)"""
+    """threads stepping the ale envs (0: the run's CPU threads, at most one per env), split between the halves"""
+    overlap_envs: bool = True
+    """step the envs in two halves, so that one half's envs play while the policy acts on the other half's"""
     max_episode_frames: int = 108_000
     """emulator frames after which a game is cut short (truncated, not over); v5's 108,000 is 30 minutes"""
     channels_last: bool = True
@@ -118,6 +121,7 @@ class Args:
 RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
 RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
 RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_threads", "channels_last"}
+RUNTIME_FLAGS |= {"overlap_envs"}
 
 
 # ---------------------------------------------------------------- environment
@@ -125,17 +129,31 @@ def make_envs(args, num_envs: int, env_threads: int):
     """ale-py's C++ vector env stepped by threads: v5 semantics, raw rewards, game-over terminals, SameStep autoreset
     (the last observation of a finished game is in info["final_obs"])."""
     return ale_py.AtariVectorEnv(
-        gym.spec(args.env_id).kwargs["game"], num_envs, repeat_action_probability=0.25, full_action_space=False,
-        num_threads=min(env_threads, num_envs), autoreset_mode="SameStep", frameskip=4, maxpool=True,
-        img_height=84, img_width=84, grayscale=True, stack_num=4, noop_max=30, use_fire_reset=True,
-        episodic_life=False, life_loss_info=False, reward_clipping=False,
+        gym.spec(args.env_id).kwargs["game"],
+        num_envs,
+        repeat_action_probability=0.25,
+        full_action_space=False,
+        num_threads=min(env_threads, num_envs),
+        autoreset_mode="SameStep",
+        frameskip=4,
+        maxpool=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        noop_max=30,
+        use_fire_reset=True,
+        episodic_life=False,
+        life_loss_info=False,
+        reward_clipping=False,
         max_num_frames_per_episode=args.max_episode_frames,
-    )  # fmt: skip
+    )
 
 
 class EpisodeTracker:
-    """Full-game accounting. `step` returns rewards clipped to [-1, 1], the learning dones (a lost life is one) and the
-    finished games as (env index, raw score over all lives, length in agent steps)."""
+    """Full-game accounting, vectorised. `step` returns rewards clipped to [-1, 1], the learning dones (a lost life is
+    one), which games ended (terminated or truncated), and every env's raw score over all lives and length in agent
+    steps so far: a finished game's result where it ended."""
 
     def __init__(self, num_envs: int, lives: np.ndarray):
         self.returns = np.zeros(num_envs, dtype=np.float64)
@@ -143,40 +161,48 @@ class EpisodeTracker:
         self.lives = np.array(lives)
 
     def step(self, rewards, terminated, truncated, lives):
-        lives = np.array(lives)
-        game_over = np.logical_or(terminated, truncated)
+        game_over = terminated | truncated
         life_lost = (lives < self.lives) & ~game_over
-        self.lives = lives  # after a game over these are the new game's lives (SameStep reset)
-        self.returns += rewards
-        self.lengths += 1
-        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(game_over)]
-        self.returns[game_over] = 0.0
-        self.lengths[game_over] = 0
-        return np.clip(rewards, -1.0, 1.0).astype(np.float32), game_over | life_lost, finished
+        self.lives = np.array(lives)  # after a game over these are the new game's lives (SameStep reset)
+        scores = self.returns + rewards
+        lengths = self.lengths + 1
+        self.returns = np.where(game_over, 0.0, scores)
+        self.lengths = np.where(game_over, 0, lengths)
+        clipped = np.clip(rewards, -1, 1).astype(np.float32)
+        return clipped, game_over | life_lost, game_over, scores, lengths
 
 
-class AgentViewRecorder:
-    """Writes env 0's games as the agent sees them (last frame of the stack) on a capped cubic schedule."""
+class VideoRecorder:
+    """Writes env 0's games to <folder>/episode-<k>.mp4 on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
+    then every 1000th)."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, fps: int):
         self.folder = folder
+        self.fps = fps
         self.frames = []
         self.episode = 0
         os.makedirs(folder, exist_ok=True)
 
     def add(self, frame: np.ndarray, game_over: bool) -> str | None:
-        ep = self.episode
-        if (round(ep ** (1 / 3)) ** 3 == ep) if ep < 1000 else ep % 1000 == 0:
-            self.frames.append(np.repeat(np.repeat(frame, 2, 0), 2, 1)[..., None].repeat(3, -1))
+        """Add env 0's frame after this step ((H, W, 3) uint8); returns the video's path when a recorded game ends."""
+        episode = self.episode
+        recorded = round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
+        if recorded:
+            self.frames.append(frame)
         self.episode += game_over
         if not (game_over and self.frames):
             return None
         from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
 
-        path = os.path.join(self.folder, f"episode-{ep}.mp4")
-        ImageSequenceClip(self.frames, fps=15).write_videofile(path, logger=None)
+        path = os.path.join(self.folder, f"episode-{episode}.mp4")
+        ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
         self.frames = []
         return path
+
+
+def agent_view(obs: np.ndarray) -> np.ndarray:
+    """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a video."""
+    return np.repeat(np.repeat(obs[-1], 2, 0), 2, 1)[..., None].repeat(3, -1)
 
 
 # ---------------------------------------------------------------- network
@@ -191,11 +217,16 @@ class Agent(nn.Module):
         super().__init__()
         self.amp = amp  # bf16 for the convolutional trunk only: heads, log-probs and values stay fp32
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
-            layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
-        )  # fmt: skip
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
@@ -219,9 +250,10 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
-# ppo_loss's stats in order, then the two the loop adds: the first minibatch's RMS(ratio - 1), explained variance
-LOSS_NAMES = ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"]
-LOSS_NAMES += ["initial_ratio_error", "explained_variance"]
+# ppo_loss's stats in order (the last is squared: the loop logs the first minibatch's RMS(ratio - 1)), then the one the
+# loop adds
+LOSS_NAMES = ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "initial_ratio_error"]
+LOSS_NAMES += ["explained_variance"]
 
 
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
@@ -285,7 +317,12 @@ def load_checkpoint(path: str, training: bool = False) -> dict:
         raise ValueError(f"cannot read checkpoint {path!r} ({type(exc).__name__}); is it a ppo_atari file?") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{path!r} is not a ppo_atari checkpoint (no model/args); use one this script wrote")
-    if not str(ckpt["args"].get("env_id")).startswith("ALE/"):  # another script's file
+    written_by = ckpt.get("script", "ppo_atari")  # files from before the key: the env id below tells
+    if written_by != "ppo_atari":
+        raise ValueError(
+            f"{path!r} was written by {written_by}.py, not ppo_atari.py; use a checkpoint ppo_atari.py wrote"
+        )
+    if not str(ckpt["args"].get("env_id")).startswith("ALE/"):  # another script's file, written before the key
         raise ValueError(f"{path!r} is another script's checkpoint (no ALE/<Game>-v5 env id); use one ppo_atari wrote")
     if training and not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
         raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
@@ -298,12 +335,13 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
     would favour short games (an env can finish two short games before a long one ends elsewhere)."""
     obs, info = envs.reset(seed=seed)
     tracker = EpisodeTracker(envs.num_envs, info["lives"])
-    scores = np.full(envs.num_envs, np.nan)
-    while np.isnan(scores).any():
+    first_scores = np.full(envs.num_envs, np.nan)
+    while np.isnan(first_scores).any():
         obs, reward, terminated, truncated, info = envs.step(act(torch.as_tensor(obs, device=device)).cpu().numpy())
-        for i, score, _ in tracker.step(reward, terminated, truncated, info["lives"])[2]:
-            scores[i] = score if np.isnan(scores[i]) else scores[i]
-    return scores
+        _, _, game_over, scores, _ = tracker.step(reward, terminated, truncated, info["lives"])
+        first = game_over & np.isnan(first_scores)
+        first_scores[first] = scores[first]
+    return first_scores
 
 
 if __name__ == "__main__":
@@ -322,13 +360,18 @@ if __name__ == "__main__":
                 raise ValueError(f"the checkpoint is from {len(ckpt['rng'])} processes; resume with as many")
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
         args.env_id = eval_ckpt["args"]["env_id"] if eval_ckpt else args.env_id
-        if args.env_id not in gym.envs.registry or args.env_id[:4] != "ALE/" or args.env_id[-3:] != "-v5":
-            hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
-            raise ValueError(f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"')
-        if not 0.0 <= args.gae_lambda <= 1.0:
-            raise ValueError(f"--gae-lambda {args.gae_lambda} must be in [0, 1]")
-        if min(args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes, args.max_episode_frames) < 1:
-            raise ValueError("--num-envs, --num-steps, --update-epochs, --eval-episodes, --max-episode-frames: >= 1")
+        hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
+        sizes = [args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes, args.max_episode_frames]
+        checks = {  # the one-line error for each condition that must hold
+            f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"': (
+                args.env_id in gym.envs.registry and args.env_id[:4] == "ALE/" and args.env_id[-3:] == "-v5"
+            ),
+            f"--gae-lambda {args.gae_lambda} must be in [0, 1]": 0.0 <= args.gae_lambda <= 1.0,
+            "--num-envs, --num-steps, --update-epochs, --eval-episodes, --max-episode-frames: >= 1": min(sizes) >= 1,
+        }
+        failed = [message for message, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError(failed[0])
         batch_size = args.num_envs * args.num_steps  # per process
         if args.num_minibatches is not None:
             if args.num_minibatches < 1 or batch_size % args.num_minibatches:
@@ -357,6 +400,7 @@ if __name__ == "__main__":
         torch.cuda.set_device(device)
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
+    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones
     env_threads = min(args.env_threads or threads.threads, args.num_envs)  # the envs and the network take turns
     if distributed:
         cuda = device.type == "cuda"
@@ -376,9 +420,16 @@ if __name__ == "__main__":
         scores = evaluate(envs, lambda x: Categorical(logits=agent(x)[0]).sample(), device, args.seed)
         print(f"eval {args.env_id}: mean return {scores.mean():.2f} +- {scores.std():.2f} over {len(scores)} episodes")
         sys.exit(0)
+    # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on the other half's
+    num_groups = 2 if args.overlap_envs and args.num_envs >= 2 else 1
+    env_rows = [
+        slice(g * args.num_envs // num_groups, (g + 1) * args.num_envs // num_groups) for g in range(num_groups)
+    ]
     if is_main:
         print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}, {world_size} process(es)")
         print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, {env_threads} stepping the envs")
+        halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
+        print(f"envs: {args.num_envs}, stepped in {halves}")
         print("config:")
         for key, value in vars(args).items():
             if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
@@ -391,24 +442,39 @@ if __name__ == "__main__":
         if args.track:
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=run_name, save_code=True, monitor_gym=True, resume="allow",
-                       id=ckpt.get("wandb_id") if ckpt else None)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=run_name,
+                save_code=True,
+                monitor_gym=True,
+                resume="allow",
+                id=ckpt.get("wandb_id") if ckpt else None,
+            )
         writer = SummaryWriter(f"runs/{run_name}")
         table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
 
     # ---------------- env and network
-    envs = make_envs(args, args.num_envs, env_threads)
+    group_threads = max(1, env_threads // num_groups)
+    env_groups = [make_envs(args, rows.stop - rows.start, group_threads) for rows in env_rows]
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
-    agent = Agent(envs.single_action_space.n, args.amp).to(device, memory_format=memory_format)
+    agent = Agent(env_groups[0].single_action_space.n, args.amp).to(device, memory_format=memory_format)
     params = list(agent.parameters())
-    optimizer = optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel for all weights
+    # a device tensor learning rate, annealed in place, so a captured update needs no re-capture; float64 on the CPU,
+    # where the fused Adam then computes exactly as with a Python float, float32 for CUDA's fused kernel
+    lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
+    learning_rate = torch.tensor(args.learning_rate, dtype=lr_dtype, device=device)
+    use_graph = args.cudagraphs and not distributed and micro_batch >= args.minibatch_size
+    optimizer = optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
     torch.manual_seed(args.seed + rank)
     start_iteration = 1
     global_step = 0
     if ckpt:
         load_weights(agent, optimizer, ckpt, args.resume)
+        optimizer.param_groups[0]["lr"] = learning_rate  # older checkpoints hold a float
         gpu_utils.set_rng_state(ckpt["rng"][rank], device)  # each process continues its own noise and shuffles
         start_iteration = ckpt["iteration"] + 1
         global_step = ckpt["global_step"]
@@ -428,23 +494,35 @@ if __name__ == "__main__":
         if is_main:
             print(f"compile: the action step and the loss, mode {mode}")
         policy_step = torch.compile(policy_step, mode=mode)
-        loss_fn = torch.compile(ppo_loss, mode=mode)
+        loss_fn = torch.compile(ppo_loss, mode="default" if use_graph else mode)  # the update's graph holds the loss
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
 
     # ---------------- storage: rollout on the device, pinned host staging buffers
-    obs_shape = envs.single_observation_space.shape
+    obs_shape = env_groups[0].single_observation_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     if args.channels_last:  # stored NHWC, so minibatches reach the convolutions without a layout copy
         obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    advantages = torch.zeros((args.num_steps, args.num_envs), device=device)
+    returns = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # flat views of the storage: the update gathers its minibatches from the same addresses every iteration
+    b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
+        x.reshape((batch_size,) + x.shape[2:]) for x in (obs, actions, logprobs, advantages, returns, values)
+    )
     pin = device.type == "cuda"
-    # host side: obs staging buffer (pinned, one non_blocking copy per step); rewards/dones copied once per iteration
+    # host side: observations staged in pinned memory (one copy to the device per group and step); rewards and dones
+    # (dones[t] = 1 when obs[t] starts a new episode, dones[num_steps] the next rollout's first) go over once per
+    # iteration; finished games (score over all lives, length) are read from the game-over table when logging
     host_obs = torch.empty((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
-    host_rd = torch.zeros((2, args.num_steps + 1, args.num_envs), dtype=torch.float32, pin_memory=pin)
+    host_rewards = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, pin_memory=pin)
+    host_dones = torch.zeros((args.num_steps + 1, args.num_envs), dtype=torch.float32, pin_memory=pin)
+    game_over = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    game_scores = np.zeros((args.num_steps, args.num_envs))
+    game_lengths = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
     if is_main:
         rollout_bytes = sum(t.numel() * t.element_size() for t in (obs, actions, logprobs, values)) * 3 // 2
         mb_bytes = args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4)
@@ -452,6 +530,34 @@ if __name__ == "__main__":
         print(f"{sum(p.numel() for p in params):,} parameters\n{est}")
         writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
         writer.add_text("device", gpu_utils.device_label(device), global_step)  # a resumed run may change machine
+
+    def minibatch_step(mb):
+        """One minibatch step on the rows `mb` of the rollout: loss, backward, clipping, Adam. No host sync, so that
+        under --cudagraphs it runs as one captured CUDA graph; elsewhere it runs eagerly."""
+        global micro_batch  # the out-of-memory back-off may halve it (only in eager calls)
+        optimizer.zero_grad(set_to_none=True)
+        mb_advantages = b_advantages[mb]
+        if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
+            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+        data = (b_obs[mb], b_actions[mb], b_logprobs[mb], mb_advantages, b_returns[mb], b_values[mb])
+        mb_stats, micro_batch = gpu_utils.accumulate_gradients(mb_loss, data, micro_batch, params)
+        if distributed:  # average gradients over processes, one flat all_reduce per minibatch
+            grads = [p.grad for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat / world_size, grads))
+        nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        optimizer.step()
+        return mb_stats
+
+    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph)
+    if is_main and args.cudagraphs:  # where a graph cannot hold the step, today's eager update runs
+        if distributed:
+            print("update: eager (torchrun: the gradients' all_reduce runs between backward and Adam)")
+        elif not use_graph:
+            print(f"update: eager (--micro-batch {micro_batch} splits the minibatch's {args.minibatch_size} rows)")
+        else:
+            print("update: one CUDA graph per minibatch step (forward, backward, clipping, Adam)")
 
     stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -464,16 +570,21 @@ if __name__ == "__main__":
         if is_main:
             state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=rng)
             state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
-            save_checkpoint(f"runs/{run_name}/checkpoint.pt", wandb_id=wandb.run.id if args.track else None, **state)
+            wandb_id = wandb.run.id if args.track else None
+            save_checkpoint(f"runs/{run_name}/checkpoint.pt", script="ppo_atari", wandb_id=wandb_id, **state)
 
     # ---------------- training loop
     env_seed = args.seed * 10_000 + rank * args.num_envs + (start_iteration - 1) * 7919  # new games after resume
     host_obs_np = host_obs.numpy()
-    host_rd_np = host_rd.numpy()
-    host_obs_np[:], info = envs.reset(seed=env_seed)
+    host_rewards_np = host_rewards.numpy()
+    host_dones_np = host_dones.numpy()
+    trackers = []
+    for rows, envs in zip(env_rows, env_groups):  # env i gets seed env_seed + i however the envs are grouped
+        host_obs_np[rows], info = envs.reset(seed=env_seed + rows.start)
+        trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
     next_obs = host_obs.to(device, non_blocking=True, copy=True)
-    tracker = EpisodeTracker(args.num_envs, info["lives"])
-    recorder = AgentViewRecorder(f"videos/{run_name}") if args.capture_video and is_main else None
+    recorder = VideoRecorder(f"videos/{run_name}", fps=15) if args.capture_video and is_main else None
+    in_flight = collections.deque()  # (step, group) of the actions the envs are playing
     recent_returns = []
     iteration_times = []
     stopping = False
@@ -483,86 +594,97 @@ if __name__ == "__main__":
     monitor = gpu_utils.GPUMonitor(device).start()
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()
+        lr_now = args.learning_rate
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
-        finished = []
-        host_rd[1, 0] = host_rd[1, args.num_steps]  # carry next_done into step 0
+            lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+        learning_rate.fill_(lr_now)
+        host_dones[0] = host_dones[args.num_steps]  # carry next_done into step 0
         for step in range(args.num_steps):
-            obs[step] = next_obs
-            if args.cudagraphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            actions[step], logprobs[step], values[step] = policy_step(next_obs)
-            # .cpu() waits for this step's H2D copy too, so host_obs is free to overwrite with the new observations
-            host_obs_np[:], reward, terminated, truncated, info = envs.step(actions[step].cpu().numpy())
-            next_obs.copy_(host_obs, non_blocking=True)
-            clipped, done, games = tracker.step(reward, terminated, truncated, info["lives"])
-            if truncated.any():  # the frame cap cut a game short: its value target bootstraps from V(last observation)
-                clipped += args.gamma * final_values(agent, info["final_obs"], truncated, terminated, device)
-            host_rd_np[0, step] = clipped
-            host_rd_np[1, step + 1] = done
-            finished += games
-            if recorder is not None:
-                video = recorder.add(host_obs_np[0, -1], bool(terminated[0] or truncated[0]))
-                if video and args.track:
-                    wandb.log({"videos": wandb.Video(video)}, commit=False)
+            for group, rows in enumerate(env_rows):
+                obs[step, rows] = next_obs[rows]
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
+                # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
+                env_groups[group].send(actions[step, rows].cpu().numpy())
+                in_flight.append((step, group))
+                last = step == args.num_steps - 1 and group == num_groups - 1
+                while in_flight and (len(in_flight) == num_groups or last):  # the other group's envs keep playing
+                    t, g = in_flight.popleft()
+                    r = env_rows[g]
+                    host_obs_np[r], reward, terminated, truncated, info = env_groups[g].recv()
+                    next_obs[r].copy_(host_obs[r], non_blocking=True)
+                    outcome = trackers[g].step(reward, terminated, truncated, info["lives"])
+                    (
+                        host_rewards_np[t, r],
+                        host_dones_np[t + 1, r],
+                        game_over[t, r],
+                        game_scores[t, r],
+                        game_lengths[t, r],
+                    ) = outcome
+                    if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+                        bootstrap = final_values(agent, info["final_obs"], truncated, terminated, device)
+                        host_rewards_np[t, r] += args.gamma * bootstrap
+                    if recorder is not None and g == 0:
+                        video = recorder.add(agent_view(host_obs_np[0]), bool(game_over[t, 0]))
+                        if video and args.track:
+                            wandb.log({"videos": wandb.Video(video)}, commit=False)
         global_step += args.batch_size
-        rd = host_rd.to(device, non_blocking=True)
 
         # ---------------- advantages
         with torch.no_grad():
             next_value = agent(next_obs)[1]
-        rewards, dones, next_done = rd[0, :-1], rd[1, :-1], rd[1, -1]
-        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+        rewards = host_rewards.to(device, non_blocking=True)
+        dones = host_dones.to(device, non_blocking=True)
+        gae = compute_gae(rewards, values, dones[:-1], next_value, dones[-1], args.gamma, args.gae_lambda)
+        advantages.copy_(gae[0])
+        returns.copy_(gae[1])
 
         # ---------------- update
-        b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
-            x.reshape((batch_size,) + x.shape[2:]) for x in (obs, actions, logprobs, advantages, returns, values)
-        )
         first_stats = None  # of the first minibatch, before any step: its ratio must be 1 up to rounding
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device)
-            stats = torch.zeros(7, device=device)
+            stats = torch.zeros(len(LOSS_NAMES) - 1, device=device)
             for start in range(0, batch_size, args.minibatch_size):
-                mb = b_inds[start : start + args.minibatch_size]
-                mb_advantages = b_advantages[mb]
-                if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                data = (b_obs[mb], b_actions[mb], b_logprobs[mb], mb_advantages, b_returns[mb], b_values[mb])
-                mb_stats, used = gpu_utils.accumulate_gradients(mb_loss, data, micro_batch, params)
-                if used != micro_batch and is_main:
-                    print(f"micro-batch: CUDA out of memory at {micro_batch} rows, now {used} rows per backward pass")
-                    writer.add_scalar("memory/micro_batch", used, global_step)
-                micro_batch = used
-                if distributed:  # average gradients over processes, one flat all_reduce per minibatch
-                    grads = [p.grad for p in params]
-                    flat = torch.cat([g.reshape(-1) for g in grads])
-                    dist.all_reduce(flat)
-                    torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat / world_size, grads))
-                nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                optimizer.step()
-                first_stats = mb_stats if first_stats is None else first_stats
+                rows_before = micro_batch
+                mb_stats = update_step(b_inds[start : start + args.minibatch_size])
+                if micro_batch != rows_before and is_main:
+                    print(
+                        f"micro-batch: CUDA out of memory at {rows_before} rows, "
+                        f"now {micro_batch} rows per backward pass"
+                    )
+                    writer.add_scalar("memory/micro_batch", micro_batch, global_step)
+                first_stats = mb_stats.clone() if first_stats is None else first_stats
                 stats += mb_stats
             stats /= args.num_minibatches
             if args.target_kl is not None:  # one sync per epoch, only when --target-kl is set
-                kl = stats[4:5].clone()
+                kl = stats[LOSS_NAMES.index("approx_kl")].clone()
                 if distributed:
                     dist.all_reduce(kl)
                 if kl.item() / world_size > args.target_kl:
                     break
+        if update_step.enabled and micro_batch < args.minibatch_size:  # backed off during the graph's eager warm-up
+            update_step.enabled = False
+            if is_main:
+                print(f"update: eager (CUDA out of memory: --micro-batch {micro_batch})")
 
         # ---------------- logging: one pull of scalars to the host per iteration
+        ratio_error = LOSS_NAMES.index("initial_ratio_error")
+        stats[ratio_error] = first_stats[ratio_error].sqrt()
         explained_var = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
         stop_now = torch.tensor([float(bool(stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
-        *losses, stopping = torch.cat([stats[:6], first_stats[6:].sqrt(), explained_var[None], stop_now]).tolist()
+        *losses, stopping = torch.cat([stats, explained_var[None], stop_now]).tolist()
         iteration_times.append(time.perf_counter() - iteration_start)
+        if cpu_share.update() and is_main:  # another run started or ended: this run's share of the CPUs changed
+            print(f"threads: {cpu_share.threads} ({cpu_share.why})")
         if is_main:
-            for _, ret, length in finished:
-                writer.add_scalar("charts/episodic_return", ret, global_step)
+            for score, length in zip(game_scores[game_over], game_lengths[game_over]):
+                writer.add_scalar("charts/episodic_return", score, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
-                recent_returns = (recent_returns + [ret])[-20:]
-            scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"], **monitor.collect()}
+                recent_returns = (recent_returns + [score])[-20:]
+            scalars = {"charts/learning_rate": lr_now, "threads/torch": cpu_share.threads, **monitor.collect()}
             scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
             sps = args.batch_size / iteration_times[-1]
             if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
@@ -573,43 +695,47 @@ if __name__ == "__main__":
             pbar.set_postfix(SPS=f"{sps:,.0f}", ret=recent)
             pbar.update(args.batch_size)
             if not args.progress_bar and (iteration % 10 == 0 or iteration == args.num_iterations):
-                print(f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, "
-                      f"return {recent}")  # fmt: skip
+                print(
+                    f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, return {recent}"
+                )
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping:
             checkpoint(iteration, "stopped" if stopping else "running")
         if stopping:
             if is_main:
-                print(f"stopping on {(stop or ['a signal to another process'])[0]}: checkpoint at step {global_step}; "
-                      f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt")  # fmt: skip
+                why = (stop or ["a signal to another process"])[0]
+                print(
+                    f"stopping on {why}: checkpoint at step {global_step}; "
+                    f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
+                )
             break
 
     # ---------------- end of the run
     pbar.close()
     monitor.close()
+    cpu_share.close()
     if not stopping and args.num_iterations >= start_iteration:
         checkpoint(iteration, "finished")
-    if distributed:  # gradient averaging keeps every process's copy of the weights identical; check it once
-        checksum = torch.stack([p.detach().double().sum() for p in params]).sum().reshape(1)
-        gathered = [torch.zeros_like(checksum) for _ in range(world_size)]
-        dist.all_gather(gathered, checksum)
-        if is_main:
-            print(f"weights identical on all {world_size} processes: {all(torch.equal(g, checksum) for g in gathered)}")
     if is_main:
         if args.save_model and not stopping:
-            torch.save({"model": agent.state_dict(), "args": vars(args)}, f"runs/{run_name}/{args.exp_name}.model")
-            print(f"model saved to runs/{run_name}/{args.exp_name}.model")
+            model_path = f"runs/{run_name}/{args.exp_name}.model"
+            torch.save({"model": agent.state_dict(), "args": vars(args), "script": "ppo_atari"}, model_path)
+            print(f"model saved to {model_path}")
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device) / 2**20
             writer.add_scalar("memory/peak_allocated_mib", peak, global_step)
             print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
         steady = iteration_times[1:] or iteration_times  # the first iteration is warm-up
         sps = args.batch_size * len(steady) / max(sum(steady), 1e-9)
-        print(f"done: step {global_step}/{args.num_iterations * args.batch_size} in {time.time() - train_start:.1f}s, "
-              f"{sps:,.0f} SPS, run dir runs/{run_name}")  # fmt: skip
+        total = args.num_iterations * args.batch_size
+        elapsed = time.time() - train_start
+        print(f"done: step {global_step}/{total} in {elapsed:.1f}s, {sps:,.0f} SPS, run dir runs/{run_name}")
         writer.close()
-    envs.close()
+        if args.track:
+            wandb.finish()
+    for envs in env_groups:
+        envs.close()
     if distributed:
-        # wait (GIL released) until rank 0 has written its files: exiting straight after the all_gather lets a gloo
-        # worker thread free the gathered tensors during interpreter shutdown, which aborts the process
+        # wait (GIL released) until rank 0 has written its files: exiting straight after the last collective lets a
+        # gloo worker thread free its tensors during interpreter shutdown, which aborts the process
         dist.barrier()
         dist.destroy_process_group()

@@ -132,13 +132,17 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
     keys = ("num_envs", "num_steps", "update_epochs", "network_arch")
     sources = {key: unset if getattr(args, key) is None else "command line" for key in keys}
     vars(args).update({key: preset.get(key, DEFAULTS[key]) for key in keys if getattr(args, key) is None})
-    if min(args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes) < 1:
-        raise ValueError("--num-envs, --num-steps, --update-epochs and --eval-episodes must be at least 1")
-    if not 0.0 <= args.gae_lambda <= 1.0:
-        raise ValueError(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
+    counts = (args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes)
+    sized = args.minibatch_size is not None
+    checks = {  # the one-line error for each condition that must hold (the batch sizes below need these)
+        "--num-envs, --num-steps, --update-epochs and --eval-episodes must be at least 1": min(counts) >= 1,
+        f"--gae-lambda must be in [0, 1], got {args.gae_lambda}": 0.0 <= args.gae_lambda <= 1.0,
+        "pass either --minibatch-size or --num-minibatches, not both": args.num_minibatches is None or not sized,
+    }
+    failed = [message for message, ok in checks.items() if not ok]
+    if failed:
+        raise ValueError(failed[0])
     total = args.num_envs * args.num_steps
-    if args.minibatch_size is not None and args.num_minibatches is not None:
-        raise ValueError("pass either --minibatch-size or --num-minibatches, not both")
     if args.num_minibatches is not None or (args.minibatch_size is None and not preset):
         nmb = DEFAULTS["num_minibatches"] if args.num_minibatches is None else args.num_minibatches
         if nmb < 1 or total % nmb:
@@ -336,6 +340,11 @@ def load_checkpoint(path: str, training: bool = False) -> dict:
         raise ValueError(f"{problem}; is it a ppo_continuous file?") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{path!r} is not a ppo_continuous checkpoint (no model/args); use one this script wrote")
+    written_by = ckpt.get("script", "ppo_continuous")  # files from before the key: the --network-arch check tells
+    if written_by != "ppo_continuous":
+        raise ValueError(
+            f"{path!r} was written by {written_by}.py, not ppo_continuous.py; use a checkpoint ppo_continuous.py wrote"
+        )
     if "network_arch" not in ckpt["args"]:  # another script's file
         raise ValueError(f"{path!r} is another script's checkpoint (no --network-arch); use one ppo_continuous wrote")
     if training and not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
@@ -424,9 +433,11 @@ if __name__ == "__main__":
         agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden, args.amp)
         load_weights(agent, None, eval_ckpt, args.eval_checkpoint)
         returns = evaluate(envs, agent, RunningMeanStd(state=eval_ckpt["obs_rms"]), args.seed)
-        print(f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} "
-              f"over {len(returns)} episodes")  # fmt: skip
+        print(
+            f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"
+        )
         sys.exit(0)
+    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones (not for --eval-checkpoint)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
     print(f"threads: {threads.threads} ({threads.why}): {torch_threads} torch, {env_threads}")
@@ -440,9 +451,18 @@ if __name__ == "__main__":
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, monitor_gym=True, save_code=True, resume="allow",
-                   id=ckpt.get("wandb_id") if ckpt else None)  # fmt: skip
+        wandb_id = ckpt.get("wandb_id") if ckpt else None
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            monitor_gym=True,
+            save_code=True,
+            resume="allow",
+            id=wandb_id,
+        )
     writer = SummaryWriter(f"runs/{run_name}")
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
@@ -461,13 +481,20 @@ if __name__ == "__main__":
     act_low, act_high = envs.single_action_space.low, envs.single_action_space.high
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+    # a device tensor learning rate, annealed in place, so a captured update needs no re-capture; float64 on the CPU,
+    # where the fused Adam then computes exactly as with a Python float, float32 for CUDA's fused kernel
+    lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
+    learning_rate = torch.tensor(args.learning_rate, dtype=lr_dtype, device=device)
+    use_graph = args.cudagraphs and micro_batch >= minibatch_size
+    optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
     obs_rms = RunningMeanStd(obs_dim, ckpt["obs_rms"] if ckpt else None)  # on the host: cheap per step
     ret_rms = RunningMeanStd((), ckpt["ret_rms"] if ckpt else None)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     if ckpt:
         load_weights(agent, optimizer, ckpt, args.resume)
+        # checkpoints hold a float learning rate and the capturable flag of the run that wrote them: this run's instead
+        optimizer.param_groups[0].update(lr=learning_rate, capturable=use_graph)
         gpu_utils.set_rng_state(ckpt["rng"][0], device)
         print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{num_iterations})")
 
@@ -478,9 +505,10 @@ if __name__ == "__main__":
     loss_fn = ppo_loss
     if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
         mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
-        print(f"compile: the action step and the loss, mode {mode}")
+        loss_mode = "default" if use_graph else mode  # the update's own graph captures the loss's kernels
+        print(f"compile: the action step and the loss, mode {mode}" + (", the loss default" if use_graph else ""))
         policy_step = torch.compile(policy_step, mode=mode)
-        loss_fn = torch.compile(ppo_loss, mode=mode)
+        loss_fn = torch.compile(ppo_loss, mode=loss_mode)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
@@ -492,6 +520,14 @@ if __name__ == "__main__":
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    # the update's inputs keep their addresses from one iteration to the next (a captured graph reads them there)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros_like(logprobs)
+    advantages = torch.zeros_like(logprobs)
+    returns = torch.zeros_like(logprobs)
+    b_obs = obs_buf.view(-1, obs_dim)
+    b_actions = actions.view(-1, act_dim)
+    b_logprobs, b_values, b_advantages, b_returns = (x.view(-1) for x in (logprobs, values, advantages, returns))
     nb = (obs_dim + act_dim + 5) * 4  # bytes per transition
     example = torch.zeros(1, obs_dim, device=device)
     est = gpu_utils.estimate_memory(agent, "adam", minibatch_size * nb, batch_size * nb, None, example, minibatch_size)
@@ -499,16 +535,40 @@ if __name__ == "__main__":
     writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
     writer.add_text("device", gpu_utils.device_label(device), global_step)  # a resumed run may change machine
 
+    def minibatch_step(mb_inds):
+        """One minibatch step on the rows `mb_inds` of the rollout: loss, backward, clipping, Adam. No host sync, so
+        that under --cudagraphs it runs as one captured CUDA graph; elsewhere it runs eagerly."""
+        global micro_batch  # the out-of-memory back-off may halve it (only in eager calls)
+        optimizer.zero_grad(set_to_none=True)
+        mb_advantages = b_advantages[mb_inds]
+        if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
+            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+        data = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages)
+        data += (b_returns[mb_inds], b_values[mb_inds])
+        mb_stats, micro_batch = gpu_utils.accumulate_gradients(mb_loss, data, micro_batch, params)
+        clip_grad_norm([p.grad for p in params], args.max_grad_norm)
+        optimizer.step()
+        return mb_stats
+
+    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph)
+    if args.cudagraphs and not use_graph:  # today's eager update: the graph cannot hold the micro-batches' back-off
+        print(f"update: eager (--micro-batch {micro_batch} splits the minibatch's {minibatch_size} rows)")
+    elif args.cudagraphs:
+        print("update: one CUDA graph per minibatch step (forward, backward, clipping, Adam)")
+
     stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
 
     def checkpoint(iteration, status):
         rng = [gpu_utils.rng_state(device)]
-        state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=rng)
+        optimizer_state = optimizer.state_dict()
+        optimizer_state["param_groups"][0]["lr"] = float(learning_rate)  # a float, as checkpoints always held
+        state = dict(model=agent.state_dict(), optimizer=optimizer_state, args=vars(args), rng=rng)
         state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
         state |= dict(obs_rms=obs_rms.state(), ret_rms=ret_rms.state())
-        save_checkpoint(f"runs/{run_name}/checkpoint.pt", wandb_id=wandb.run.id if args.track else None, **state)
+        wandb_id = wandb.run.id if args.track else None
+        save_checkpoint(f"runs/{run_name}/checkpoint.pt", script="ppo_continuous", wandb_id=wandb_id, **state)
 
     # ---------------- training loop
     next_obs_n = obs_rms.normalize(envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)[0], True)
@@ -523,8 +583,10 @@ if __name__ == "__main__":
     monitor = gpu_utils.GPUMonitor(device).start()
     for iteration in range(start_iteration, num_iterations + 1):
         iteration_start = time.perf_counter()
+        lr_now = args.learning_rate
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+            lr_now = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+        learning_rate.fill_(lr_now)
         noise = torch.randn((args.num_steps, args.num_envs, act_dim), device=device)
         with torch.no_grad():
             std = agent.actor_logstd.exp()  # once per rollout: the policy does not change during it
@@ -561,48 +623,51 @@ if __name__ == "__main__":
                     discounted[done] = 0.0
 
             # ---------------- advantages: values and log-probs in one batched pass each (the policy did not change)
-            b_obs = obs_buf.view(-1, obs_dim)
-            values = agent.value(b_obs).view(args.num_steps, args.num_envs)
+            b_values.copy_(agent.value(b_obs))
             next_value = agent.value(torch.as_tensor(next_obs_n, dtype=torch.float32, device=device))
-            logprobs = (-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1) - LOG_2PI_HALF * act_dim
+            logprobs.copy_((-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1) - LOG_2PI_HALF * act_dim)
             rewards_t, dones_t, next_done_t = (torch.as_tensor(x, device=device) for x in (rewards, dones, next_done))
-            advantages, returns = compute_gae(
-                rewards_t, values, dones_t, next_value, next_done_t, args.gamma, args.gae_lambda
-            )
+            gae = compute_gae(rewards_t, values, dones_t, next_value, next_done_t, args.gamma, args.gae_lambda)
+            advantages.copy_(gae[0])
+            returns.copy_(gae[1])
 
-        # ---------------- update: shuffle once per epoch, then contiguous minibatch slices
-        batch = [b_obs, actions.view(-1, act_dim), *(x.view(-1) for x in (logprobs, advantages, returns, values))]
+        # ---------------- update: shuffle once per epoch, then contiguous minibatch slices of the permutation
         first_stats = None  # of the first minibatch, before any step: its ratio must be 1 up to rounding
         for _epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
-            minibatches = zip(*(x[perm].split(minibatch_size) for x in batch))
-            stats = torch.zeros(7, device=device)
-            for mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values in minibatches:
-                if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                data = (mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values)
-                mb_stats, used = gpu_utils.accumulate_gradients(mb_loss, data, micro_batch, params)
-                if used != micro_batch:
-                    print(f"micro-batch: CUDA out of memory at {micro_batch} rows, now {used} rows per backward pass")
-                    writer.add_scalar("memory/micro_batch", used, global_step)
-                micro_batch = used
-                clip_grad_norm([p.grad for p in params], args.max_grad_norm)
-                optimizer.step()
-                first_stats = mb_stats if first_stats is None else first_stats
+            stats = torch.zeros(len(LOSS_NAMES) - 1, device=device)
+            for mb_inds in perm.split(minibatch_size):
+                rows_before = micro_batch
+                mb_stats = update_step(mb_inds)
+                if micro_batch != rows_before:
+                    backoff = f"now {micro_batch} rows per backward pass"
+                    print(f"micro-batch: CUDA out of memory at {rows_before} rows, {backoff}")
+                    writer.add_scalar("memory/micro_batch", micro_batch, global_step)
+                first_stats = mb_stats.clone() if first_stats is None else first_stats  # the graph overwrites it
                 stats += mb_stats
             stats /= args.num_minibatches
-            if args.target_kl is not None and stats[4].item() > args.target_kl:  # one sync per epoch, only then
+            approx_kl = stats[LOSS_NAMES.index("approx_kl")]
+            if args.target_kl is not None and approx_kl.item() > args.target_kl:  # one sync per epoch, only then
                 break
+        if update_step.enabled and micro_batch < minibatch_size:  # backed off during the graph's eager warm-up
+            update_step.enabled = False
+            print(f"update: eager (CUDA out of memory: --micro-batch {micro_batch})")
 
         # ---------------- logging: one pull of scalars to the host per iteration
         explained_var = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
-        losses = torch.cat([stats[:6], first_stats[6:].sqrt(), explained_var[None]]).tolist()
+        ratio_error = LOSS_NAMES.index("initial_ratio_error")
+        stats[ratio_error] = first_stats[ratio_error].sqrt()  # the first minibatch's, before any step: not the mean
+        losses = torch.cat([stats, explained_var[None]]).tolist()
         iteration_times.append(time.perf_counter() - iteration_start)
-        scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"], **monitor.collect()}
+        scalars = {"charts/learning_rate": lr_now, **monitor.collect()}
         scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
         sps = batch_size / iteration_times[-1]
         if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
             scalars["charts/SPS"] = sps
+        if cpu_share.update():  # another run started or ended: this run's share of the CPUs changed
+            print(f"threads: {cpu_share.threads} ({cpu_share.why})")
+            torch.set_num_threads(min(torch_threads, cpu_share.threads))  # a small MLP keeps its one torch thread
+        scalars["threads/torch"] = torch.get_num_threads()
         for key, value in scalars.items():
             writer.add_scalar(key, value, global_step)
         recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
@@ -613,18 +678,20 @@ if __name__ == "__main__":
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop:
             checkpoint(iteration, "stopped" if stop else "running")
         if stop:
-            print(f"stopping on {stop[0]}: checkpoint at step {global_step}; "
-                  f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt")  # fmt: skip
+            resume = f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
+            print(f"stopping on {stop[0]}: checkpoint at step {global_step}; {resume}")
             break
 
     # ---------------- end of the run
     pbar.close()
     monitor.close()
+    cpu_share.close()
     if not stop and num_iterations >= start_iteration:
         checkpoint(iteration, "finished")
     if args.save_model and not stop:
         model_path = f"runs/{run_name}/{args.exp_name}.model"
-        torch.save({"model": agent.state_dict(), "args": vars(args), "obs_rms": obs_rms.state()}, model_path)
+        saved = dict(model=agent.state_dict(), args=vars(args), obs_rms=obs_rms.state(), script="ppo_continuous")
+        torch.save(saved, model_path)
         print(f"model saved to {model_path}")
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
@@ -632,7 +699,10 @@ if __name__ == "__main__":
         print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
     steady = iteration_times[1:] or iteration_times  # the first iteration is warm-up
     sps = batch_size * len(steady) / max(sum(steady), 1e-9)
-    print(f"done: step {global_step}/{num_iterations * batch_size} in {time.time() - train_start:.1f}s, "
-          f"{sps:,.0f} SPS, run dir runs/{run_name}")  # fmt: skip
+    elapsed = time.time() - train_start
+    steps = f"{global_step}/{num_iterations * batch_size}"
+    print(f"done: step {steps} in {elapsed:.1f}s, {sps:,.0f} SPS, run dir runs/{run_name}")
     envs.close()
     writer.close()
+    if args.track:
+        wandb.finish()

@@ -10,6 +10,10 @@ Phases (ppo_atari.py's own Agent, ppo_loss, make_envs and gpu_utils.accumulate_g
              envs step (C++ threads, GIL released) while the policy acts on the other half
   update     one iteration's update (num_minibatches x update_epochs steps: loss, backward, clipping, Adam), with
              Adam's foreach or fused kernels, eager or with the loss compiled
+  host       --host-only: the rollout's host work alone, on the CPU (no env, no network): the recorded results of
+             real env steps replayed through ppo_atari.py's per-step bookkeeping (copied: staging copy, episode
+             accounting, reward/done buffers, the truncation check, the action copy back), timed per vector step and
+             counted in Python lines and calls into C per vector step, figures that do not depend on the load
 Per-step figures are means after 5 warm-up steps (resets included), the update the median of its iterations after
 the first; CUDA is synchronised before a clock is read. The last table predicts SPS as
 batch / (num_steps x rollout + update) for each pairing, beside the env's ceiling.
@@ -30,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import gpu_utils  # noqa: E402
-from ppo_atari import Agent, Args, make_envs, ppo_loss  # noqa: E402
+from ppo_atari import Agent, Args, EpisodeTracker, make_envs, ppo_loss  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -132,6 +136,79 @@ def time_rollout_halves(halves, policy_step, device, steps: int, cudagraphs: boo
     return mean_ms(times)
 
 
+def record_env_results(a: Args, steps: int) -> tuple[dict, list[tuple]]:
+    """Reset and `steps` vector steps of random actions: what the host work gets from the envs."""
+    envs = make_envs(a, a.num_envs, 1)
+    _, info = envs.reset(seed=1)
+    rng = np.random.default_rng(0)
+    results = [envs.step(rng.integers(0, envs.single_action_space.n, a.num_envs)) for _ in range(steps)]
+    envs.close()
+    return info, results
+
+
+def host_work(
+    a: Args, first_info: dict, results: list[tuple], groups: int, count_calls: bool
+) -> tuple[float, int, int]:
+    """ppo_atari.py's host work for len(results) vector steps in `groups` groups (copied from its loop, without the
+    network: the truncated games' values are zeros here). Returns (seconds, Python lines run, calls into C), the two
+    counts only with count_calls: counting slows the run, so the timed runs do not count."""
+    n = a.num_envs
+    rows = [slice(g * n // groups, (g + 1) * n // groups) for g in range(groups)]
+    obs_shape = results[0][0].shape[1:]
+    host_obs = torch.empty((n, *obs_shape), dtype=torch.uint8)
+    next_obs = torch.empty((n, *obs_shape), dtype=torch.uint8)
+    actions = torch.zeros((len(results), n), dtype=torch.long)
+    host_rewards = np.zeros((len(results), n), dtype=np.float32)
+    host_dones = np.zeros((len(results) + 1, n), dtype=np.float32)
+    game_over = np.zeros((len(results), n), dtype=bool)
+    game_scores = np.zeros((len(results), n))
+    game_lengths = np.zeros((len(results), n), dtype=np.int64)
+    trackers = [EpisodeTracker(r.stop - r.start, first_info["lives"][r]) for r in rows]
+    host_obs_np = host_obs.numpy()
+    # each group's slice of every result, cut before the clock starts (the envs hand each group its own arrays)
+    sliced = [[(o[r], rw[r], te[r], tr[r], {"lives": i["lives"][r]}) for r in rows] for o, rw, te, tr, i in results]
+    lines = 0
+    c_calls = 0
+
+    def count_lines(frame, event, arg):  # Python lines run (a loop over finished games shows here)
+        nonlocal lines
+        lines += event == "line"
+        return count_lines
+
+    def count_c_calls(frame, event, arg):  # calls into C: numpy, torch, builtins
+        nonlocal c_calls
+        c_calls += event == "c_call"
+
+    start = time.perf_counter()
+    sys.settrace(count_lines if count_calls else None)
+    sys.setprofile(count_c_calls if count_calls else None)
+    for t, step_results in enumerate(sliced):
+        for g, r in enumerate(rows):
+            actions[t, r].cpu().numpy()  # the actions back to the host, as the policy's step ends
+            host_obs_np[r], reward, terminated, truncated, info = step_results[g]
+            next_obs[r].copy_(host_obs[r], non_blocking=True)
+            outcome = trackers[g].step(reward, terminated, truncated, info["lives"])
+            host_rewards[t, r], host_dones[t + 1, r], game_over[t, r], game_scores[t, r], game_lengths[t, r] = outcome
+            if truncated.any():
+                host_rewards[t, r] += a.gamma * np.zeros(r.stop - r.start, dtype=np.float32)
+    sys.setprofile(None)
+    sys.settrace(None)
+    return time.perf_counter() - start, lines, c_calls
+
+
+def host_only(o) -> int:
+    a = Args(env_id=o.env_id, num_envs=o.num_envs, num_steps=o.num_steps)
+    info, results = record_env_results(a, o.steps)
+    print(f"[profile] host work alone, {a.num_envs} envs, {o.steps} recorded vector steps, {o.repeats} repeats")
+    for groups in (1, 2):
+        timed = [host_work(a, info, results, groups, count_calls=False)[0] for _ in range(o.repeats + 1)][1:]
+        _, lines, c_calls = host_work(a, info, results, groups, count_calls=True)  # after the warm-up's lazy set-up
+        us = min(timed) / o.steps * 1e6  # the fastest repeat: the least disturbed by other load
+        counts = f"{lines / o.steps:.2f} Python lines, {c_calls / o.steps:.2f} calls into C"
+        print(f"[profile] host work, {groups} group(s): {us:.1f} us / vector step (fastest repeat); {counts} / step")
+    return 0
+
+
 def time_update(agent, loss_fn, fused: bool, batch, a: Args, iterations: int, cudagraphs: bool) -> float:
     """One iteration's update as ppo_atari.py runs it; a fresh Adam so each variant starts from the same state."""
     params = list(agent.parameters())
@@ -179,7 +256,11 @@ def main() -> int:
     p.add_argument("--no-deterministic", action="store_true", help="as --no-torch-deterministic: cuDNN benchmark mode")
     p.add_argument("--update-only", action="store_true", help="time the update alone (on a rollout of random actions)")
     p.add_argument("--out", default="", help="folder for profile_atari_<device>.md (empty: print only)")
+    p.add_argument("--host-only", action="store_true", help="time the rollout's host work alone on the CPU")
+    p.add_argument("--repeats", type=int, default=20, help="repeats of the host work timing (--host-only)")
     o = p.parse_args()
+    if o.host_only:
+        return host_only(o)
     gpu = {"auto": "auto", "cuda": "true", "cpu": "false"}.get(o.device, o.device)
     device, _ = gpu_utils.select_device(gpu)
     cuda = device.type == "cuda"

@@ -37,10 +37,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from sweep import parse_run_name  # the run-id convention <env>__<exp>__<seed>__<time>, shared with the sweeps
 
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
-RUN_RE = re.compile(r"^(?P<env>.+?)__(?P<exp>.+)__(?P<seed>-?\d+)__(?P<ts>\d+)$")
 HERE = os.path.dirname(os.path.abspath(__file__))
 DASH = "-"
 
@@ -180,10 +180,12 @@ def segment_device(scalars: dict, texts: dict[str, str]) -> str:
 
 
 def load_run(path: str) -> Run | None:
-    m = RUN_RE.match(os.path.basename(os.path.normpath(path)))
-    if not m:
+    name = os.path.basename(os.path.normpath(path))
+    parsed = parse_run_name(name)
+    if parsed is None:
         return None
-    run = Run(path, m.group(0), m.group("env"), m.group("exp"), int(m.group("seed")))
+    env, exp, seed, _ = parsed
+    run = Run(path, name, env, exp, seed)
     parts = []
     for name in sorted(f for f in os.listdir(path) if f.startswith("events.out.tfevents")):
         scalars, texts = read_event_file(os.path.join(path, name))

@@ -7,6 +7,7 @@
     python benchmark/speed.py table                           # throughput table -> benchmark/results/
     python benchmark/speed.py table --profile gpu             # the one-GPU table with its targets (~8 min, H100)
     python benchmark/speed.py concurrency --copies 1 2 4      # 1, 2, 4 copies at once: total SPS vs one alone
+    python benchmark/speed.py concurrency --by-hand           # the same, started as a user would: no pinning
 
 Training runs get a fixed step budget (--total-timesteps) in a temporary folder and are stopped with SIGTERM past
 --timeout. SPS is read one way: the median of the run's ``charts/SPS`` TensorBoard scalars (every script, the
@@ -36,6 +37,17 @@ from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+import gpu_utils  # noqa: E402  (the scripts' CPU detection and thread budgets, one copy)
+
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "SLURM_CPUS_PER_TASK",
+)
 OURS = ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py")
 DASH = "-"
 
@@ -83,6 +95,7 @@ class Result:
     util_peak: float | None = None
     peak_mib: float | None = None
     estimated_mib: float | None = None
+    threads: int | None = None  # the run's last `threads/torch` (its share of the CPUs)
     tail: str = ""  # last lines of stderr when not ok
 
     @property
@@ -102,6 +115,7 @@ def read_metrics(run_dir: str) -> dict[str, float | int | None]:
         return {e.step: e.value for e in acc.Scalars(tag)} if tag in tags else {}
 
     sps, util, peak = series("charts/SPS"), series("gpu/util_mean"), series("gpu/util_peak")
+    threads = series("threads/torch")
     steady = [v for step, v in util.items() if step in sps] or list(util.values())
     steady_peak = [v for step, v in peak.items() if step in sps] or list(peak.values())
     memory = {tag: series(tag) for tag in ("memory/peak_allocated_mib", "memory/estimated_mib")}
@@ -113,6 +127,7 @@ def read_metrics(run_dir: str) -> dict[str, float | int | None]:
         "util_peak": max(steady_peak) if steady_peak else None,
         "peak_mib": last["memory/peak_allocated_mib"],
         "estimated_mib": last["memory/estimated_mib"],
+        "threads": int(threads[max(threads)]) if threads else None,
     }
 
 
@@ -135,18 +150,15 @@ def last_lines(path: str, n: int = 6) -> str:
 # ---------------------------------------------------------------- running scripts
 
 
-def thread_budget(copies: int, allowed: list[int]) -> list[list[int]]:
-    """The sweep scripts' rule: P allowed CPUs, C copies at once, k = max(1, P // C); copy s gets cores
-    [s*k, s*k+k) of the allowed list, or core s % P when C > P."""
-    p = len(allowed)
-    k = max(1, p // copies)
-    return [[allowed[s % p]] if copies > p else allowed[s * k : s * k + k] for s in range(copies)]
-
-
-def launch(setting: Setting, scale: float, cores: list[int] | None) -> tuple[list[str], dict[str, str], str]:
-    """The command, its environment and how it reads; with `cores`, pinned with taskset and told k threads."""
+def launch(
+    setting: Setting, scale: float, cores: list[int] | None, by_hand: bool = False
+) -> tuple[list[str], dict[str, str], str]:
+    """The command, its environment and how it reads; with `cores`, pinned with taskset and told k threads; by hand,
+    without any thread variable (as a user starts it in a terminal)."""
     cmd = [sys.executable, os.path.join(ROOT, setting.script), *setting.argv(scale)[1:]]
     env, shown = {**os.environ, "WANDB_MODE": "disabled", **setting.env}, setting.shown(scale)
+    if by_hand:
+        env = {k: v for k, v in env.items() if k not in THREAD_VARS}
     if cores is not None:
         k, listed = str(len(cores)), ",".join(map(str, cores))
         env.update(OMP_NUM_THREADS=k, MKL_NUM_THREADS=k)
@@ -158,10 +170,12 @@ def launch(setting: Setting, scale: float, cores: list[int] | None) -> tuple[lis
 class Run:
     """One script started in its own temporary folder (and process group); poll() until it has ended."""
 
-    def __init__(self, setting: Setting, scale: float, timeout: float, cores: list[int] | None = None):
+    def __init__(
+        self, setting: Setting, scale: float, timeout: float, cores: list[int] | None = None, by_hand: bool = False
+    ):
         self.setting, self.scale, self.timeout = setting, scale, timeout
         self.tmp = tempfile.mkdtemp(prefix="speed_")
-        cmd, env, self.how = launch(setting, scale, cores)
+        cmd, env, self.how = launch(setting, scale, cores, by_hand)
         with open(os.path.join(self.tmp, "stdout"), "w") as out, open(os.path.join(self.tmp, "stderr"), "w") as err:
             self.proc = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out, stderr=err, start_new_session=True)
         self.start, self.stop_sent, self.kill_at = time.perf_counter(), False, None
@@ -348,10 +362,6 @@ def mujoco_row(env_id: str, n: int, subproc: bool, seconds: float) -> Result:
 # ---------------------------------------------------------------- the machine and the tables
 
 
-def allowed_cpus() -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
 def machine_info() -> dict[str, str]:
     """The machine, in one place: every table this tool writes starts with it."""
     import torch
@@ -368,7 +378,7 @@ def machine_info() -> dict[str, str]:
     info = {
         "host": socket.gethostname(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "CPU": f"{cpu}, {os.cpu_count()} logical cores, {len(allowed_cpus())} allowed to this process",
+        "CPU": f"{cpu}, {os.cpu_count()} logical cores, {gpu_utils.available_cpus()} allowed to this process",
         "GPU": ", ".join(gpus) or "none",
         "torch": torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""),
         "python": platform.python_version(),
@@ -565,7 +575,7 @@ def cmd_run(a, passthrough: list[str]) -> int:
 
 
 def cmd_ceiling(a, _passthrough) -> int:
-    threads, info = a.threads or len(allowed_cpus()), machine_info()
+    threads, info = a.threads or gpu_utils.available_cpus(), machine_info()
     results = [atari_row(n, threads, a.seconds) for n in a.atari_envs]
     results += [snake_row(n, a.device, a.snake_mode, a.seconds) for n in a.snake_sizes]
     results += [snake_row(n, a.device, a.snake_mode, a.seconds, compiled=True) for n in a.compiled_snake_sizes]
@@ -662,7 +672,7 @@ def cmd_table(a, _passthrough) -> int:
 
     gpu, cuda = a.profile == "gpu", torch.cuda.is_available() and not a.force_cpu
     settings = gpu_profile(a.force_cpu) if gpu else cpu_profile()
-    threads = len(allowed_cpus())
+    threads = gpu_utils.available_cpus()
     atari_envs = a.atari_envs or ([16, 64, 128] if gpu else [16, 64])
     device = "cuda" if cuda else "cpu"
     snake_sizes = a.snake_sizes or ([2**k for k in range(12, 23)] if gpu else [256, 4096, 65536])
@@ -712,7 +722,7 @@ def cmd_table(a, _passthrough) -> int:
     return 0 if all(r.ok for r in results.values()) else 1
 
 
-CONCURRENCY = {  # the settings of the issue's own measurements
+CONCURRENCY = {  # short CPU settings; dqn_snake_vec.py's are those of the "started by hand" issue
     "ppo_atari": Setting(
         "ppo_atari",
         "ppo_atari.py Pong, 4 envs x 128 steps, minibatch 128",
@@ -723,14 +733,22 @@ CONCURRENCY = {  # the settings of the issue's own measurements
     ),
     "dqn_snake_vec": Setting(
         "dqn_snake_vec",
-        "dqn_snake_vec.py defaults, learning from the 3rd vector step",
+        "dqn_snake_vec.py on the CPU, learning from step 10,000, SPS per 12,800 steps",
         "dqn_snake_vec.py",
-        ["--learning-starts", "768", "--log-every", "2560"],
-        2560,
-        15,
+        ["--learning-starts", "10000", "--log-every", "12800", "--gpu", "false", "--checkpoint-every", "0"],
+        12800,
+        5,
     ),
     "ppo_continuous": Setting(
         "ppo_continuous", "ppo_continuous.py defaults (HalfCheetah-v5)", "ppo_continuous.py", CHEETAH, 2048, 6
+    ),
+    "ppo_continuous_heavy": Setting(  # for a GPU machine: runs sharing one GPU
+        "ppo_continuous_heavy",
+        "ppo_continuous.py --preset heavy",
+        "ppo_continuous.py",
+        ["--preset", "heavy"],
+        PRESET_BATCH["heavy"],
+        6,
     ),
 }
 
@@ -749,23 +767,25 @@ def cmd_concurrency(a, _passthrough) -> int:
     unknown = set(a.scripts) - set(CONCURRENCY)
     if unknown:
         raise UsageError(f"--scripts takes {', '.join(CONCURRENCY)}; got {', '.join(sorted(unknown))}")
-    if not a.no_budget and not shutil.which("taskset"):
-        raise UsageError("taskset (util-linux) not found: it pins each copy; install it or pass --no-budget")
-    allowed = allowed_cpus()
+    if not a.by_hand and not shutil.which("taskset"):
+        raise UsageError("taskset (util-linux) not found: it pins each copy; install it or pass --by-hand")
+    allowed = gpu_utils.allowed_cpus()
     plan = []
     for name in a.scripts:
         for copies in a.copies:
-            budgets = [None] * copies if a.no_budget else thread_budget(copies, allowed)
+            budgets = [None] * copies if a.by_hand else gpu_utils.split_cpus(allowed, copies)
             plan.append((CONCURRENCY[name], copies, budgets))
     if a.dry_run:
         for s, copies, budgets in plan:
             print(f"{s.label}, {copies} at once:")
-            print("\n".join(f"  {launch(s, a.scale, cores)[2]}" for cores in budgets))
+            print("\n".join(f"  {launch(s, a.scale, cores, a.by_hand)[2]}" for cores in budgets))
         return 0
     gpu, rows, alone, all_results, info = torch.cuda.is_available(), [], {}, [], machine_info()
+    if a.by_hand and len(allowed) < (os.cpu_count() or 1):
+        print(f"[speed] warning: this tool may use only CPUs {allowed}: the runs see a fixed budget, not by hand")
     for s, copies, budgets in plan:
         print(f"[speed] {s.label}: {copies} at once, {s.steps(a.scale):,} steps each ...", flush=True)
-        results = run_together([Run(s, a.scale, a.timeout, cores) for cores in budgets])
+        results = run_together([Run(s, a.scale, a.timeout, cores, a.by_hand) for cores in budgets])
         all_results += results
         ok = all(r.ok for r in results)
         total = sum(r.sps for r in results) if ok else None
@@ -777,8 +797,8 @@ def cmd_concurrency(a, _passthrough) -> int:
             met = ratio is not None and (ratio > target[1] if target[0] == ">" else ratio >= target[1])
             shown_target = f"{target[0]} {target[1]:.2f}x: " + ("met" if met else "not met")
         cores = (
-            "as shipped (no pinning, no thread variables)"
-            if a.no_budget
+            "by hand; last threads/torch " + " / ".join(DASH if r.threads is None else str(r.threads) for r in results)
+            if a.by_hand
             else "; ".join(",".join(map(str, c)) for c in budgets)
         )
         status = "ok" if ok else "; ".join(sorted({r.status for r in results if not r.ok}))
@@ -790,17 +810,19 @@ def cmd_concurrency(a, _passthrough) -> int:
                 " / ".join(fmt(r.sps) if r.ok else DASH for r in results),
                 fmt(total),
                 f"{ratio:.2f}x" if ratio else DASH,
+                " / ".join(fmt(r.util_mean) if r.util_mean is not None else DASH for r in results),
                 shown_target,
                 status,
             ]
         )
         print(f"[speed]   total {fmt(total)} SPS" + (f", {ratio:.2f}x one alone" if ratio else ""), flush=True)
-    header = "script | copies | cores per copy | per-copy SPS | total SPS | x one alone | target | status"
+    header = "script | copies | cores per copy | per-copy SPS | total SPS | x one alone | GPU util % | target | status"
     rule = (
-        "as shipped: no thread variables, no pinning"
-        if a.no_budget
-        else "each copy pinned with `taskset -c` to "
-        "k = max(1, P // C) of the P allowed cores (core s % P when C > P), OMP_NUM_THREADS = MKL_NUM_THREADS = k"
+        "started by hand: no pinning, no thread variables; each run shares the CPUs with the live ones itself "
+        "(gpu_utils.CpuShare), its last share shown as threads/torch"
+        if a.by_hand
+        else "copy s pinned with `taskset -c` to CPU group s of gpu_utils.split_cpus(allowed CPUs, C) "
+        "(core s % P when C > P), OMP_NUM_THREADS = MKL_NUM_THREADS = the group's size"
     )
     body = [
         f"Copies run at once, each with the same step budget (x{a.scale:g}); {rule}. Total SPS = sum of the "
@@ -810,7 +832,7 @@ def cmd_concurrency(a, _passthrough) -> int:
         *md_table(header, rows),
         *failures(all_results),
     ]
-    stem = "concurrency_as_shipped" if a.no_budget else "concurrency"
+    stem = "concurrency_by_hand" if a.by_hand else "concurrency"
     emit(document("Concurrent runs", info, a.note, body), a.out, stem, a.host)
     return 0 if all(r.ok for r in all_results) else 1
 
@@ -904,9 +926,19 @@ def parser() -> Parser:
 
     k = sub.add_parser("concurrency", help="1, 2, 4 copies at once: total SPS against one run alone")
     k.add_argument("--copies", type=positive(int), nargs="+", default=[1, 2, 4])
-    k.add_argument("--scripts", nargs="+", default=list(CONCURRENCY), help=", ".join(CONCURRENCY))
+    k.add_argument(
+        "--scripts",
+        nargs="+",
+        default=["ppo_atari", "dqn_snake_vec", "ppo_continuous"],
+        help=", ".join(CONCURRENCY) + " (default: the first three; ppo_continuous_heavy is for a GPU)",
+    )
     k.add_argument("--scale", type=positive(float), default=1.0, help="multiply every step budget")
-    k.add_argument("--no-budget", action="store_true", help="as shipped: no thread variables, no pinning")
+    k.add_argument(
+        "--by-hand",
+        "--no-budget",
+        action="store_true",
+        help="started by hand: no pinning, no thread variables (each run shares the CPUs itself)",
+    )
     k.add_argument("--dry-run", action="store_true", help="print the commands of each copy, run nothing")
     common(k)
     return p

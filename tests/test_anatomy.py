@@ -1,7 +1,8 @@
-"""The three scripts share one anatomy (README, "Anatomy of a script"): learn one file and you know all three.
+"""The three scripts share one anatomy (docs/anatomy.md): learn one file and you know all three.
 
 Static checks on the source: the same sections in the same order, the shared Args fields first in one order with a
-docstring on every field, the same runtime flags, the same helpers, log keys and messages, and a line ceiling.
+docstring on every field, the same runtime flags, the same helpers, log keys, messages and checkpoint keys, no
+`# fmt: skip` packing, and a ceiling on the training loop.
 """
 
 import ast
@@ -23,7 +24,7 @@ MAIN_SECTIONS = ["arguments and their checks", "device, threads, seeds", "loggin
 MAIN_SECTIONS += ["training loop", "logging", "end of the run"]
 HELPERS = ["layer_init", "load_weights", "save_checkpoint", "load_checkpoint", "evaluate"]
 LOG_KEYS = ["charts/episodic_return", "charts/SPS", "charts/learning_rate", "memory/estimated_mib"]
-LOG_KEYS += ["memory/peak_allocated_mib", "memory/micro_batch"]
+LOG_KEYS += ["memory/peak_allocated_mib", "memory/micro_batch", "threads/torch"]
 MESSAGES = [
     "device: ",
     "threads: ",
@@ -35,10 +36,10 @@ MESSAGES = [
 MESSAGES += ["continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt", "model saved to "]
 MESSAGES += ["peak allocated ", "(allocator, no CUDA context)", "done: step ", "run dir runs/{run_name}"]
 MESSAGES += ["micro-batch: CUDA out of memory at "]
-# Issue #12 asked for about 480 lines per PPO script and 600 for Snake; with every feature the guide asks for (resume
-# after a stop, one-line errors, evaluation, video, compile, OOM back-off, torchrun) the scripts came to these. Raise
-# a ceiling only on purpose, for a feature worth its lines.
-LINE_CEILINGS = {"ppo_atari.py": 620, "ppo_continuous.py": 640, "dqn_snake_vec.py": 750}
+# The training loop (rollout, advantages or targets, update, logging, checkpoint) is what a reader must hold in mind
+# at once: CleanRL's ppo_atari.py loop is about 100 lines. Ours carry resume, stop signals, OOM back-off, torchrun
+# and the CUDA-graph update too; the ceiling keeps headroom so that no one packs lines to fit under it.
+LOOP_CEILING = 160
 
 
 def source(script: str) -> str:
@@ -97,12 +98,23 @@ def test_same_runtime_flags_log_keys_and_messages(script):
     assert [message for message in MESSAGES if message not in text] == []
     # each process names its machine, so a report can tell apart the parts of a run resumed elsewhere
     assert 'writer.add_text("device", gpu_utils.device_label(device), global_step)' in text
-    for key in ["model", "optimizer", "args", "iteration", "global_step", "rng", "run_name", "status"]:
+    for key in ["model", "optimizer", "args", "iteration", "global_step", "rng", "run_name", "status", "script"]:
         assert re.search(rf"\b{key}=", text), f"checkpoint key {key}"
     assert "wandb_id=" in text
+    # the checkpoint names the script that wrote it, and a file of another script is refused by that name
+    name = script[: -len(".py")]
+    assert f'script="{name}"' in text
+    assert f"not {name}.py; use a checkpoint {name}.py wrote" in text
+    # hand-started runs share the CPUs; a tracked run closes its wandb run
+    assert "gpu_utils.CpuShare(threads)" in text and "cpu_share.update()" in text and "cpu_share.close()" in text
+    assert "wandb.finish()" in text
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_line_ceiling(script):
-    lines = len(source(script).splitlines())
-    assert lines <= LINE_CEILINGS[script], f"{script} has {lines} lines, over its ceiling {LINE_CEILINGS[script]}"
+def test_formatted_without_packing_and_a_loop_that_fits(script):
+    text = source(script)
+    assert "fmt: skip" not in text and "fmt: off" not in text, "ruff format the script instead of packing lines"
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"^ {4}# -{10,} training loop", line))
+    end = next(i for i, line in enumerate(lines) if re.match(r"^ {4}# -{10,} end of the run", line))
+    assert end - start <= LOOP_CEILING, f"{script}'s training loop has {end - start} lines, over {LOOP_CEILING}"

@@ -1,5 +1,6 @@
 """Tests for the GPU-session tools: benchmark/profile_atari.py (where an iteration's time goes) on a CPU at a tiny
-size, and benchmark/gpu_check.sh's handling of its steps. Nothing here is timed."""
+size, and dev/gpu_check.sh's handling of its steps (its atari step runs the sweep engine's dry run for real).
+Nothing here is timed."""
 
 import os
 import re
@@ -34,7 +35,7 @@ def test_profile_atari_times_every_phase_and_predicts_sps(tmp_path):
 
 
 def test_gpu_check_refuses_an_unknown_step():
-    res = subprocess.run(["bash", os.path.join(ROOT, "benchmark", "gpu_check.sh"), "nope"], capture_output=True,
+    res = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), "nope"], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "LOGS": "/tmp/gpu_check_test"})  # fmt: skip
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
     assert "unknown step 'nope'" in res.stderr and "collect DIR" in res.stderr
@@ -43,7 +44,8 @@ def test_gpu_check_refuses_an_unknown_step():
 # ---------------------------------------------------------------- gpu_check.sh atari / wait / stop
 # The atari step writes into <repo>/runs/, so these tests run a throwaway copy of the scripts (the scripts find the
 # repo root from their own location); nothing here trains or signals a process it did not start.
-SCRIPTS = ["gpu_check.sh", "ppo_atari.sh", "common.sh", "atari_lambdas.csv", "slurm/checkpoint_status.py"]
+SCRIPTS = ["dev/gpu_check.sh", "benchmark/ppo_atari.sh", "benchmark/sweep.py", "benchmark/atari_lambdas.csv"]
+SCRIPTS += ["gpu_utils.py"]  # the sweep engine imports it
 BREAKOUT_RUN = "ALE_Breakout-v5__ppo_atari__1__123"
 PONG_RUN = "ALE_Pong-v5__ppo_atari__1__50"
 
@@ -51,15 +53,16 @@ PONG_RUN = "ALE_Pong-v5__ppo_atari__1__50"
 def _repo_copy(tmp_path):
     repo = tmp_path / "repo"
     for name in SCRIPTS:
-        (repo / "benchmark" / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(os.path.join(ROOT, "benchmark", name), repo / "benchmark" / name)
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, name), repo / name)
     return repo
 
 
 def _gpu_check(repo, logs, *steps, **env):
-    base = {k: v for k, v in os.environ.items() if k not in {"JOBS_PER_GPU", "SEEDS", "ATARI_ARGS", "ATARI_DRY_RUN"}}
+    unset = {"JOBS_PER_GPU", "SEEDS", "ATARI_ARGS", "ATARI_DRY_RUN", "SWEEP_PYTHON", "CUDA_OFFSET"}
+    base = {k: v for k, v in os.environ.items() if k not in unset}
     env = {**base, "LOGS": str(logs), "PYTHON": sys.executable, "NUM_GPUS": "1", **env}
-    cmd = ["bash", str(repo / "benchmark" / "gpu_check.sh"), *steps]
+    cmd = ["bash", str(repo / "dev" / "gpu_check.sh"), *steps]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -93,6 +96,8 @@ def test_gpu_check_atari_dry_run_seeds_runs_and_shows_what_resumes(tmp_path):
     breakout, pong = commands
     assert "--env-id ALE/Breakout-v5" in breakout and "--env-id ALE/Pong-v5" in pong
     assert f"--resume runs/{BREAKOUT_RUN}/checkpoint.pt" in breakout and "--resume" not in pong
+    resume = "[resume 0] ALE/Breakout-v5 seed=1 lambda=0.70: stopped at step 2,150,400 of 10,000,000: "
+    assert f"{resume}runs/{BREAKOUT_RUN}/checkpoint.pt" in out.splitlines(), out  # where it continues from
     for line in commands:
         assert "--seed 1" in line
         for flag in ["--compile", "--cudagraphs", "--save-model", "--no-progress-bar"]:
@@ -107,7 +112,7 @@ def test_gpu_check_atari_dry_run_seeds_runs_and_shows_what_resumes(tmp_path):
 
 def test_gpu_check_atari_without_games_is_a_one_line_error(tmp_path):
     for steps in [["atari"], ["atari", ""]]:
-        res = subprocess.run(["bash", os.path.join(ROOT, "benchmark", "gpu_check.sh"), *steps], capture_output=True,
+        res = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), *steps], capture_output=True,
                              text=True, timeout=60, env={**os.environ, "LOGS": str(tmp_path)})  # fmt: skip
         assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
         assert "atari needs games" in res.stderr and "unknown step" not in res.stderr
@@ -126,7 +131,7 @@ def test_gpu_check_wait_reports_every_started_job_and_each_runs_newest_iteration
         "episodic return 12\n"
     )
     (logs / "atari" / "001_ALE_Pong-v5_seed=1_lambda=0.95.log").write_text("# slot 1: ppo_atari.py\n")
-    res = subprocess.run(["bash", os.path.join(ROOT, "benchmark", "gpu_check.sh"), "wait", "1"], capture_output=True,
+    res = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), "wait", "1"], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "LOGS": str(logs)})  # fmt: skip
     assert res.returncode == 0, res.stderr
     out = res.stdout

@@ -326,6 +326,118 @@ def test_thread_budget(monkeypatch):
         gpu_utils.thread_budget(-1)
 
 
+def test_split_cpus_gives_disjoint_groups_covering_the_cpus():
+    for cpus in ([0, 1], list(range(7)), [2, 3, 5, 8, 9, 10, 11, 12]):
+        for parts in range(1, len(cpus) + 1):
+            groups = gpu_utils.split_cpus(cpus, parts)
+            assert len(groups) == parts
+            assert sum(groups, []) == cpus  # contiguous, disjoint, all of them, in order
+            assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    assert gpu_utils.split_cpus([4, 5, 6], 2) == [[4, 5], [6]]
+    assert gpu_utils.split_cpus([0, 1], 5) == [[0], [1], [0], [1], [0]]  # more parts than CPUs: round robin
+    with pytest.raises(ValueError):
+        gpu_utils.split_cpus([0, 1], 0)
+    with pytest.raises(ValueError):
+        gpu_utils.split_cpus([], 2)
+
+
+@pytest.fixture
+def eight_cpus(monkeypatch):
+    """A machine of 8 CPUs, no explicit budget; records the threads and CPUs each share sets instead of setting them."""
+    for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    applied = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: applied.append(("threads", n)))
+    monkeypatch.setattr(gpu_utils, "_pin", lambda cpus: applied.append(("cpus", list(cpus))))
+    return applied
+
+
+def test_cpu_share_live_runs_get_disjoint_shares_of_all_cores(eight_cpus, tmp_path):
+    shares = [gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0)]
+    assert shares[0].update() is False and shares[0].threads == 8  # alone: keeps every core, nothing changed
+    for runs in (2, 3):  # a second, then a third run starts
+        shares.append(gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0))
+        assert all(share.update() for share in shares)
+        parts = [share._part for share in shares]
+        assert sorted(sum(parts, [])) == list(range(8))  # disjoint, and together all the cores
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+        assert all(share.threads == len(share._part) and f"of {runs} live runs" in share.why for share in shares)
+    assert ("cpus", shares[2]._part) in eight_cpus and ("threads", shares[2].threads) in eight_cpus
+    for share in shares[1:]:
+        share.close()
+    assert shares[0].update() is True and shares[0].threads == 8 and shares[0].why == "alone: all its CPUs"
+    shares[0].close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cpu_share_frees_a_killed_runs_place(eight_cpus, tmp_path):
+    code = (
+        "import os, sys, time, gpu_utils; os.cpu_count = lambda: len(os.sched_getaffinity(0));"  # even under taskset
+        " share = gpu_utils.CpuShare(gpu_utils.thread_budget(), sys.argv[1]); print('ready', flush=True);"
+        " time.sleep(60)"
+    )
+    other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        share = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0)
+        assert share.update() is True and share.threads == 4 and len(share.live_runs()) == 2
+        other.kill()  # SIGKILL: no cleanup, the OS drops its flock
+        other.wait()
+        assert share.update() is True and share.threads == 8 and share.why == "alone: all its CPUs"
+        assert [path.name for path in tmp_path.iterdir()] == [share.path.name]  # the dead run's file is gone
+        share.close()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_cpu_share_never_overrides_an_explicit_budget(eight_cpus, tmp_path, monkeypatch):
+    other = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path)  # another run started by hand is live
+    budgets = [gpu_utils.thread_budget(3)]  # --num-threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    budgets.append(gpu_utils.thread_budget())
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    budgets.append(gpu_utils.thread_budget())
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)  # a sweep's taskset -c 2,3
+    budgets.append(gpu_utils.thread_budget())
+    for budget in budgets:
+        share = gpu_utils.CpuShare(budget, tmp_path, interval=0)
+        assert share.update() is False and (share.threads, share.why) == (budget.threads, budget.why)
+        share.close()
+    assert eight_cpus == [] and len(list(tmp_path.iterdir())) == 1  # nothing set, nothing registered
+    other.close()
+
+
+def test_cpu_share_update_is_rate_limited(eight_cpus, tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(gpu_utils.time, "monotonic", lambda: clock[0])
+    share = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path)
+    assert share.update() is False  # alone: looked, nothing to change
+    other = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path)
+    clock[0] += 0.5
+    assert share.update() is False and share.threads == 8  # not yet looked again
+    clock[0] += 0.6
+    assert share.update() is True and share.threads == 4
+    other.close()
+    share.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_cpu_share_forked_worker_neither_holds_nor_releases_the_lock(eight_cpus, tmp_path):
+    share = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0)
+    pid = os.fork()
+    if pid == 0:  # an environment worker forked by the run: closing its share must leave the run registered
+        share.close()
+        os._exit(0 if share._file is None and share.update() is False else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert share.live_runs() == [share.path]  # still locked by this run: not taken for a dead run's
+    share.close()
+
+
 def test_gpu_monitor_is_inert_on_cpu():
     with gpu_utils.GPUMonitor("cpu", interval=0.01) as monitor:
         assert monitor._thread is None

@@ -4,7 +4,8 @@ once on a 2-core CPU (2026-11-23): GAE's recursion run forward in time, best 20-
 target bootstrapping only at game over, best average length 6.4 (fails). Subtler bugs learn too well to show here:
 GAE without the episode-end mask and a target network frozen at its initial weights both still passed, so the GAE
 hand computations in test_ppo_atari.py / test_ppo_continuous.py and the n-step tests carry those. CPU, one to two
-minutes each on two cores."""
+minutes each on two cores. Marked `slow`: CI runs them (plain `pytest`); `pytest -m "not slow"` skips them while you
+work."""
 
 import os
 import subprocess
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +31,7 @@ def train(script, args, cwd):
     return {tag: np.array([(e.step, e.value) for e in acc.Scalars(tag)]) for tag in acc.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_ppo_continuous_balances_the_inverted_pendulum(tmp_path):
     """InvertedPendulum-v5 pays 1 per step up to 1000: the mean of 20 consecutive episodes reaches 900 within 100k
     steps (here, seeds 1-3 passed 950 at 40k-44k steps). 40 iterations of the default 2048 steps."""
@@ -38,6 +41,7 @@ def test_ppo_continuous_balances_the_inverted_pendulum(tmp_path):
     assert steps[-1] <= 100_000 and rolling.max() >= 900, f"best 20-episode mean {rolling.max():.1f}"
 
 
+@pytest.mark.slow
 def test_dqn_snake_learns_to_eat(tmp_path):
     """Snake on 10x10 starts at length 3 and grows by one per food: the average final length of the games in a log
     window reaches 8 (5 foods a game) within 200k env steps. 128 games, 2 updates of 256 per vector step (replay

@@ -87,10 +87,10 @@ def test_full_game_return_spans_lives():
     ]
     dones, clipped, finished = [], [], []
     for r, te, tr, lives in steps:
-        c, d, g = tracker.step(np.array(r), np.array(te), np.array(tr), np.array(lives))
+        c, d, over, scores, lengths = tracker.step(np.array(r), np.array(te), np.array(tr), np.array(lives))
         clipped.append(c.tolist())
         dones.append(d.tolist())
-        finished += g
+        finished += [(int(i), float(scores[i]), int(lengths[i])) for i in np.flatnonzero(over)]
     assert dones == [[f, f], [t, f], [f, t], [t, f], [f, t]]
     assert clipped == [[1, 0], [-1, 1], [1, 0], [1, 1], [0, 0]]
     assert finished == [(0, 14.0, 4), (1, 10.0, 5)]  # raw score over all lives, length in agent steps
@@ -101,7 +101,13 @@ def test_two_iterations_write_expected_keys(base_run):
     tags = scalars(run_dir)
     for key in ["charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy"]:
         assert key in tags, key
-    for key in ["losses/approx_kl", "losses/old_approx_kl", "losses/clipfrac", "losses/explained_variance"]:
+    for key in [
+        "losses/approx_kl",
+        "losses/old_approx_kl",
+        "losses/clipfrac",
+        "losses/explained_variance",
+        "threads/torch",
+    ]:
         assert key in tags, key
     assert [s for s, _ in tags["charts/learning_rate"]] == [32, 64]
     assert [s for s, _ in tags["charts/SPS"]] == [64]  # warm-up iteration not counted
@@ -111,6 +117,8 @@ def test_two_iterations_write_expected_keys(base_run):
     assert re.search(r"minibatch_size\s+16\s+\(derived\)", out.stdout)
     assert re.search(r"clip_coef\s+0.1\s+\(default\)", out.stdout)
     assert (run_dir / "checkpoint.pt").exists() and (run_dir / "ppo_atari.model").exists()
+    for name in ["checkpoint.pt", "ppo_atari.model"]:  # each file names the script that wrote it
+        assert torch.load(run_dir / name, weights_only=True)["script"] == "ppo_atari", name
 
 
 def test_episodic_return_logged(tmp_path):
@@ -173,8 +181,28 @@ def test_torchrun_two_processes_gloo(tmp_path):
     out = run([*TINY, "--total-timesteps", "128", "--gpu", "false"], tmp_path, prefix=prefix)
     assert out.returncode == 0, out.stderr
     assert "done: step 128/128 in" in out.stdout  # 2 processes x 2 envs x 16 steps per iteration
-    assert "weights identical on all 2 processes: True" in out.stdout
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # only rank 0 logs
+
+
+# runs the script as __main__, then writes this process's final weights where the test reads them
+KEEP_WEIGHTS = """
+import os, runpy, sys, torch
+sys.argv = sys.argv[1:]
+run = runpy.run_path(sys.argv[0], run_name="__main__")
+torch.save(run["agent"].state_dict(), f"weights_{os.environ['RANK']}.pt")
+"""
+
+
+def test_torchrun_gradient_averaging_keeps_every_process_identical(tmp_path):
+    (tmp_path / "keep_weights.py").write_text(KEEP_WEIGHTS)
+    prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "keep_weights.py", SCRIPT]
+    out = run([*TINY, "--total-timesteps", "128", "--gpu", "false"], tmp_path, prefix=prefix, script="")
+    assert out.returncode == 0, out.stderr
+    first, second = (torch.load(tmp_path / f"weights_{rank}.pt") for rank in range(2))
+    initial = ppo_atari.Agent(4).state_dict()
+    for key, weight in first.items():
+        assert torch.equal(weight, second[key]), key  # different envs and noise, the same averaged gradients
+    assert not all(torch.equal(weight, initial[key]) for key, weight in first.items())  # and they did learn
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +211,11 @@ def bad_checkpoint(tmp_path_factory):
     torch.save({"weights": [1, 2, 3]}, path)
     wrong = path.parent / "wrong.pt"
     torch.save({"model": {"fc.weight": torch.zeros(2)}, "args": {"env_id": "ALE/Breakout-v5"}}, wrong)
-    other = path.parent / "continuous.model"  # another script's saved model
+    other = path.parent / "continuous.model"  # another script's saved model, from before the script key
     torch.save({"model": {}, "args": {"env_id": "Hopper-v5", "network_arch": "64,64"}}, other)
-    return path, wrong, other
+    named = path.parent / "snake.model"  # another script's, naming itself
+    torch.save({"model": {}, "args": {"env_id": "ALE/Breakout-v5"}, "script": "dqn_snake_vec"}, named)
+    return path, wrong, other, named
 
 
 @pytest.mark.parametrize(
@@ -204,12 +234,13 @@ def bad_checkpoint(tmp_path_factory):
         (["--eval-checkpoint", "WRONG"], "does not fit"),
         (["--resume", "WRONG"], "holds no training state"),
         (["--eval-checkpoint", "OTHER"], "another script's checkpoint"),
+        (["--resume", "NAMED"], "was written by dqn_snake_vec.py, not ppo_atari.py"),
     ],
 )
 def test_bad_input_gives_one_line_error(args, needle, tmp_path, bad_checkpoint):
     if args[:1] == ["--gpu"] and torch.cuda.device_count() > (0 if args[1] == "true" else 3):
         pytest.skip("this machine can satisfy the request")
-    files = dict(zip(["BAD", "WRONG", "OTHER"], map(str, bad_checkpoint)))
+    files = dict(zip(["BAD", "WRONG", "OTHER", "NAMED"], map(str, bad_checkpoint)))
     args = [files.get(a, a) for a in args]
     base = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "64", "--no-progress-bar"]
     if "--minibatch-size" not in args and "--num-minibatches" not in args:
@@ -221,9 +252,11 @@ def test_bad_input_gives_one_line_error(args, needle, tmp_path, bad_checkpoint):
     assert "Traceback" not in out.stderr
 
 
-def test_agent_view_recorder_writes_first_game(tmp_path):
-    recorder = ppo_atari.AgentViewRecorder(str(tmp_path / "videos"))
-    frames = np.random.default_rng(0).integers(0, 255, (10, 84, 84), dtype=np.uint8)
+def test_video_recorder_writes_first_game(tmp_path):
+    recorder = ppo_atari.VideoRecorder(str(tmp_path / "videos"), fps=15)
+    stacks = np.random.default_rng(0).integers(0, 255, (10, 4, 84, 84), dtype=np.uint8)
+    frames = [ppo_atari.agent_view(stack) for stack in stacks]
+    assert frames[0].shape == (168, 168, 3) and np.array_equal(frames[0][::2, ::2, 1], stacks[0, -1])
     paths = [recorder.add(frame, game_over=i == 9) for i, frame in enumerate(frames)]
     assert paths[:9] == [None] * 9 and paths[9].endswith("episode-0.mp4") and os.path.getsize(paths[9]) > 0
     assert recorder.add(frames[0], game_over=True) is not None  # episode 1 is on the cubic schedule too
@@ -369,3 +402,102 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_pa
     for key, weight in models["whole"].items():
         assert torch.equal(models["oom"][key], models["micro"][key]), key  # the same micro-batches, same numbers
         torch.testing.assert_close(models["oom"][key], weight, atol=1e-5, rtol=1e-4)  # = the whole minibatch's
+
+
+# ---------------------------------------------------------------- the overlapped rollout (issue #22)
+
+
+def test_two_halves_play_the_same_games_as_one_vector_env():
+    """The overlapped rollout steps two vector envs of N/2 in turn (send one half, take the other's results); with the
+    same actions every env must see exactly what it sees in one vector env of N: observations, rewards, game overs,
+    frame-cap cuts with their last observations, lives, and so the same learning dones and finished games."""
+    args = ppo_atari.Args(max_episode_frames=400)  # 100 agent steps: some games are cut short
+    whole = ppo_atari.make_envs(args, 4, 1)
+    halves = [ppo_atari.make_envs(args, 2, 1) for _ in range(2)]
+    rows = [slice(0, 2), slice(2, 4)]
+    obs, info = whole.reset(seed=123)
+    trackers = [ppo_atari.EpisodeTracker(4, info["lives"]), []]
+    half_obs = np.zeros_like(obs)
+    for r, envs in zip(rows, halves):
+        half_obs[r], half_info = envs.reset(seed=123 + r.start)
+        trackers[1].append(ppo_atari.EpisodeTracker(2, half_info["lives"]))
+    assert np.array_equal(obs, half_obs)
+    rng = np.random.default_rng(0)
+    cut = 0
+    halves[1].send(np.zeros(2, dtype=np.int64))  # the pipeline's state mid-rollout: half 1 is already playing
+    next_actions = np.zeros(4, dtype=np.int64)
+    for _ in range(160):
+        action = next_actions
+        obs, reward, terminated, truncated, info = whole.step(action)
+        expected = trackers[0].step(reward, terminated, truncated, info["lives"])
+        halves[0].send(action[rows[0]])
+        results = {1: halves[1].recv(), 0: halves[0].recv()}  # half 1 was sent first, half 0 while it played
+        next_actions = rng.integers(0, 4, 4)
+        halves[1].send(next_actions[rows[1]])
+        for g in (0, 1):
+            h_obs, h_reward, h_terminated, h_truncated, h_info = results[g]
+            r = rows[g]
+            assert np.array_equal(h_obs, obs[r]) and np.array_equal(h_reward, reward[r])
+            assert np.array_equal(h_terminated, terminated[r]) and np.array_equal(h_truncated, truncated[r])
+            if h_truncated.any():
+                assert np.array_equal(h_info["final_obs"][h_truncated], info["final_obs"][r][h_truncated])
+            got = trackers[1][g].step(h_reward, h_terminated, h_truncated, h_info["lives"])
+            for want, have in zip(expected, got):
+                assert np.array_equal(want[r], have)
+        cut += int(truncated.sum())
+    assert cut > 0  # the frame cap was exercised
+    for envs in [whole, *halves]:
+        envs.close()
+
+
+def test_overlapped_rollout_keeps_the_games_and_the_learning(tmp_path):
+    """At the same seed the overlapped and sequential rollouts play the same games (the CPU's random stream gives the
+    two halves the rows of the whole batch's noise): identical episodes, weights equal up to float rounding (the
+    policy runs on batches of N/2 rows)."""
+    args = [*TINY, "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "512", "--max-episode-frames", "200"]
+    result = {}
+    for flag in ["--overlap-envs", "--no-overlap-envs"]:
+        (tmp_path / flag).mkdir()
+        out = run([*args, flag, "--save-model"], tmp_path / flag)
+        assert out.returncode == 0, out.stderr
+        (run_dir,) = glob.glob(str(tmp_path / flag / "runs" / "*"))
+        tags = scalars(run_dir)
+        model = torch.load(Path(run_dir) / "ppo_atari.model", weights_only=True)["model"]
+        result[flag] = (tags["charts/episodic_return"], tags["charts/episodic_length"], model, out.stdout)
+    overlapped, sequential = result["--overlap-envs"], result["--no-overlap-envs"]
+    assert "stepped in two halves" in overlapped[3] and "stepped in one group" in sequential[3]
+    assert len(overlapped[0]) > 4 and overlapped[:2] == sequential[:2]  # the same games, step for step
+    for key, weight in sequential[2].items():
+        torch.testing.assert_close(overlapped[2][key], weight, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_captured_update_learns_as_the_eager_one(tmp_path):
+    """--cudagraphs captures each minibatch step (forward, backward, clipping, Adam) as one CUDA graph; after a few
+    iterations its weights must equal the eager update's (--compile, the same compiled loss) up to float rounding:
+    capturable Adam computes its bias corrections on the device in float32."""
+    args = [*TINY, "--num-envs", "8", "--total-timesteps", "512", "--gpu", "true", "--save-model"]  # 4 iterations
+    models = {}
+    for flag in ["--compile", "--cudagraphs"]:
+        (tmp_path / flag).mkdir()
+        out = run([*args, flag], tmp_path / flag, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        graph_line = "update: one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
+        assert (graph_line in out.stdout) == (flag == "--cudagraphs"), out.stdout
+        (path,) = glob.glob(str(tmp_path / flag / "runs" / "*" / "ppo_atari.model"))
+        models[flag] = torch.load(path, weights_only=True)["model"]
+    for key, weight in models["--compile"].items():
+        torch.testing.assert_close(models["--cudagraphs"][key], weight, atol=1e-4, rtol=1e-3)
+
+
+def test_profile_host_work_alone_on_the_cpu():
+    """profile_atari.py --host-only replays recorded env steps through the rollout's bookkeeping, in one group and in
+    two halves, and reports the time and the load-independent counts (Python lines, calls into C) per vector step;
+    two halves do each step's bookkeeping twice on half the rows."""
+    cmd = [sys.executable, str(ROOT / "benchmark" / "profile_atari.py"), "--host-only", "--num-envs", "4"]
+    out = subprocess.run([*cmd, "--steps", "60", "--repeats", "1"], capture_output=True, text=True, env=env_vars())
+    assert out.returncode == 0, out.stderr[-2000:]
+    pattern = r"host work, (\d) group\(s\): [\d.]+ us / vector step .*; ([\d.]+) Python lines, ([\d.]+) calls into C"
+    counts = {groups: (float(lines), float(c_calls)) for groups, lines, c_calls in re.findall(pattern, out.stdout)}
+    assert set(counts) == {"1", "2"} and min(counts["1"]) > 0, out.stdout
+    assert counts["2"][1] == pytest.approx(2 * counts["1"][1], abs=0.1)

@@ -140,12 +140,14 @@ def test_bad_settings_raise_one_line_errors(argv, match):
         (["--resume", "garbage.pt"], ["not a ppo_continuous checkpoint"]),
         (["--eval-checkpoint", "garbage.pt"], ["not a ppo_continuous checkpoint"]),
         (["--eval-checkpoint", "atari.model"], ["another script's checkpoint"]),
+        (["--resume", "snake.pt"], ["written by dqn_snake_vec.py, not ppo_continuous.py"]),
         (["--env-id", "Pendulum-v1", "--cudagraphs", "--gpu", "false"], ["--cudagraphs needs a CUDA device"]),
     ],
 )
 def test_bad_input_gives_one_line_error_before_training(tmp_path, argv, words):
     torch.save({"weights": [1, 2]}, tmp_path / "garbage.pt")
     torch.save({"model": {}, "args": {"env_id": "ALE/Breakout-v5"}}, tmp_path / "atari.model")  # ppo_atari's
+    torch.save({"model": {}, "args": {"network_arch": "64,64"}, "script": "dqn_snake_vec"}, tmp_path / "snake.pt")
     assert_one_line_error(run(tmp_path, *argv), *words)
     assert not (tmp_path / "runs").exists()
 
@@ -198,8 +200,13 @@ def test_pendulum_run_logs_and_saves(pendulum_run):
     acc.Reload()
     keys = set(acc.Tags()["scalars"])
     assert {"charts/episodic_return", "charts/SPS", "charts/learning_rate", "losses/value_loss"} <= keys
+    assert acc.Scalars("threads/torch")[-1].value == 1  # the small MLP's one torch thread, as the config line says
     assert acc.Scalars("charts/SPS")[-1].step == 256
-    assert (run_dir(tmp_path) / "checkpoint.pt").exists() and (run_dir(tmp_path) / "ppo_continuous.model").exists()
+    for name in ("checkpoint.pt", "ppo_continuous.model"):  # each file names the script that wrote it
+        assert torch.load(run_dir(tmp_path) / name, weights_only=True)["script"] == "ppo_continuous"
+    # the learning rate is a device tensor in the run (annealed in place); the checkpoint keeps a float, as ever
+    ckpt = torch.load(run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
+    assert isinstance(ckpt["optimizer"]["param_groups"][0]["lr"], float)
 
 
 def act(saved, obs):
@@ -410,3 +417,21 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(tmp_pa
     for key, weight in whole.items():
         assert torch.equal(models["oom"][key], models["micro"][key]), key  # the same micro-batches, same numbers
         torch.testing.assert_close(models["oom"][key], weight, atol=1e-5, rtol=1e-4)  # = the whole minibatch's
+
+
+@pytest.mark.gpu
+def test_captured_update_learns_as_the_eager_one(tmp_path):
+    """--cudagraphs captures each minibatch step (forward, backward, clipping, Adam) as one CUDA graph after three
+    eager warm-up steps; after 3 iterations (12 steps) its weights must equal the eager update's (--compile, the same
+    compiled loss) up to float rounding: capturable Adam computes its bias corrections on the device in float32."""
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", 192, *TINY, "--gpu", "true", "--no-tf32", "--save-model"]
+    models = {}
+    for flag in ["--compile", "--cudagraphs"]:
+        (tmp_path / flag).mkdir()
+        res = run(tmp_path / flag, *args, flag, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        graph_line = "update: one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
+        assert (graph_line in res.stdout) == (flag == "--cudagraphs"), res.stdout
+        models[flag] = torch.load(run_dir(tmp_path / flag) / "ppo_continuous.model", weights_only=True)["model"]
+    for key, weight in models["--compile"].items():
+        torch.testing.assert_close(models["--cudagraphs"][key], weight, atol=1e-5, rtol=1e-4, msg=key)

@@ -19,6 +19,8 @@ BENCH = os.path.join(ROOT, "benchmark")
 sys.path.insert(0, BENCH)
 import speed  # noqa: E402
 
+import gpu_utils  # noqa: E402  (speed puts the repository root on the path)
+
 sys.path.remove(BENCH)
 
 # the smallest settings that still log SPS at least once (two iterations or log windows)
@@ -58,7 +60,8 @@ def test_read_metrics(tmp_path):
     w.add_scalar("memory/peak_allocated_mib", 150.0, 4)
     w.close()
     m = speed.read_metrics(str(tmp_path / "run"))
-    assert m == {"sps": 200, "n_sps": 3, "util_mean": 60, "util_peak": 95, "peak_mib": 150, "estimated_mib": 100}
+    expected = {"sps": 200, "n_sps": 3, "util_mean": 60, "util_peak": 95, "peak_mib": 150, "estimated_mib": 100}
+    assert m == {**expected, "threads": None}
     w = SummaryWriter(str(tmp_path / "cpu"))
     w.add_scalar("charts/SPS", 5.0, 1)
     w.close()
@@ -66,13 +69,15 @@ def test_read_metrics(tmp_path):
     assert m["sps"] == 5 and m["util_mean"] is None and m["peak_mib"] is None
 
 
-def test_thread_budget_rule():
-    assert speed.thread_budget(1, [0, 1]) == [[0, 1]]
-    assert speed.thread_budget(2, [0, 1]) == [[0], [1]]
-    assert speed.thread_budget(4, [0, 1]) == [[0], [1], [0], [1]]  # C > P: core s % P
-    assert speed.thread_budget(2, [2, 5, 7, 9]) == [[2, 5], [7, 9]]  # cores of the allowed list, not 0..P-1
-    assert speed.thread_budget(3, [2, 5, 7, 9]) == [[2], [5], [7]]  # k = P // C = 1
-    assert speed.thread_budget(4, list(range(16))) == [list(range(4 * s, 4 * s + 4)) for s in range(4)]
+def test_by_hand_launch_has_no_thread_variables(monkeypatch):
+    for var in speed.THREAD_VARS:
+        monkeypatch.setenv(var, "1")
+    setting = speed.CONCURRENCY["dqn_snake_vec"]
+    cmd, env, shown = speed.launch(setting, 1.0, None, by_hand=True)
+    assert not set(speed.THREAD_VARS) & set(env) and "taskset" not in cmd and shown == setting.shown(1.0)
+    assert "--log-every 12800" in shown and "--learning-starts 10000" in shown and "--gpu false" in shown  # the issue's
+    cmd, env, shown = speed.launch(setting, 1.0, [0])  # pinned: told its threads
+    assert cmd[:3] == ["taskset", "-c", "0"] and env["OMP_NUM_THREADS"] == "1"
 
 
 def test_tables_show_failures_as_failures():
@@ -154,14 +159,14 @@ def test_concurrency_dry_run_budgets():
     res = cli("concurrency", "--dry-run", "--copies", "2", "4", "--scripts", "ppo_atari")
     assert res.returncode == 0, res.stderr
     lines = [line.strip() for line in res.stdout.splitlines() if line.startswith("  ")]
-    allowed = speed.allowed_cpus()
-    expected = [c for n in (1, 2, 4) for c in speed.thread_budget(n, allowed)]  # 1 is added: the ratio's base
+    allowed = gpu_utils.allowed_cpus()
+    expected = [c for n in (1, 2, 4) for c in gpu_utils.split_cpus(allowed, n)]  # 1 is added: the ratio's base
     assert len(lines) == 7
     for line, cores in zip(lines, expected):
         k = len(cores)
         assert line.startswith(f"OMP_NUM_THREADS={k} MKL_NUM_THREADS={k} taskset -c {','.join(map(str, cores))} ")
         assert "--env-id ALE/Pong-v5 --num-envs 4 --num-steps 128 --minibatch-size 128" in line
-    res = cli("concurrency", "--dry-run", "--copies", "2", "--scripts", "dqn_snake_vec", "--no-budget")
+    res = cli("concurrency", "--dry-run", "--copies", "2", "--scripts", "dqn_snake_vec", "--by-hand")
     assert res.returncode == 0 and "taskset" not in res.stdout and "OMP_NUM_THREADS" not in res.stdout
 
 
@@ -265,3 +270,23 @@ def test_ceiling_mode_steps_every_kind_of_env(tmp_path):
     assert "SyncVectorEnv" in res.stdout and "AsyncVectorEnv (subprocesses)" in res.stdout
     assert "failed" not in res.stdout
     assert len(list(tmp_path.glob("ceiling_t_*.md"))) == 1
+
+
+def test_concurrency_by_hand_tiny(tmp_path):
+    """Started by hand: the copies get no thread variable (the cli sets OMP_NUM_THREADS=1) and share the CPUs
+    themselves, so one run alone logs every allowed CPU as its threads."""
+    res = cli(
+        "concurrency", "--by-hand", "--scripts", "ppo_atari", "--copies", "2", "--scale", "0.1", "--out", tmp_path
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    (report,) = tmp_path.glob("concurrency_by_hand_*.md")
+    text = report.read_text()
+    assert "started by hand: no pinning, no thread variables" in text
+    header = next(line for line in text.splitlines() if line.startswith("| script"))
+    columns = [h.strip() for h in header.split("|")[1:-1]]
+    assert columns[:6] == ["script", "copies", "cores per copy", "per-copy SPS", "total SPS", "x one alone"]
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ppo_atari.py")]
+    assert [r[1].strip() for r in rows] == ["1", "2"]
+    one, two = rows
+    assert one[2].strip() == f"by hand; last threads/torch {gpu_utils.available_cpus()}" and one[5].strip() == "1.00x"
+    assert len(two[2].split(" / ")) == 2 and two[5].strip().endswith("x")

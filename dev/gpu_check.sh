@@ -2,23 +2,23 @@
 # The GPU checks of this project on one GPU machine, in steps that each fit a short remote call. Logs and tables go
 # to $LOGS (default /tmp/gpu_check); `collect DIR` copies them out. Steps run in the order given:
 #
-#   benchmark/gpu_check.sh env              # GPU, CPU, compiler and Python headers (torch.compile needs both)
-#   benchmark/gpu_check.sh table            # the one-GPU throughput table, started detached (it outlives the call)
-#   benchmark/gpu_check.sh wait 500         # wait for the detached jobs (table, atari), at most 500 s, and show
-#                                           # their state (atari: each run's newest "iteration" line: step, SPS)
-#   benchmark/gpu_check.sh profile tests    # benchmark/profile_atari.py, then pytest -m gpu
-#   benchmark/gpu_check.sh collect "$OUT"   # copy logs and tables to a folder
-#   benchmark/gpu_check.sh train            # start a full ppo_atari.py run detached (RUN_ARGS; default Breakout)
-#   benchmark/gpu_check.sh atari "Breakout Pong"
-#                                           # full-budget Atari runs (issue #10), detached: copies the committed
-#                                           # partial runs benchmark/results/atari_gpu/runs/* into runs/ (never over
-#                                           # one there), prints the sweep's dry run (what starts, what resumes),
-#                                           # then starts benchmark/ppo_atari.sh --resume-existing on those games
-#   benchmark/gpu_check.sh stop "$OUT"      # stop train and the atari sweep (SIGTERM: runs write checkpoint.pt),
-#                                           # bring back logs and run folders as 15 MiB parts:
-#                                           # cat run.tar.part-* | tar x (train), cat atari.tar.part-* | tar x
-#                                           # (atari, in the repo root: runs/ and the run logs in atari/); then
-#                                           # --resume / atari again to continue
+#   dev/gpu_check.sh env              # GPU, CPU, compiler and Python headers (torch.compile needs both)
+#   dev/gpu_check.sh table            # the one-GPU throughput table, started detached (it outlives the call)
+#   dev/gpu_check.sh wait 500         # wait for the detached jobs (table, atari), at most 500 s, and show
+#                                     # their state (atari: each run's newest "iteration" line: step, SPS)
+#   dev/gpu_check.sh profile tests    # benchmark/profile_atari.py, then pytest -m gpu
+#   dev/gpu_check.sh collect "$OUT"   # copy logs and tables to a folder
+#   dev/gpu_check.sh train            # start a full ppo_atari.py run detached (RUN_ARGS; default Breakout)
+#   dev/gpu_check.sh atari "Breakout Pong"
+#                                     # full-budget Atari runs (issue #10), detached: copies the committed
+#                                     # partial runs benchmark/results/atari_gpu/runs/* into runs/ (never over
+#                                     # one there), prints the sweep's dry run (what starts, what resumes),
+#                                     # then starts benchmark/ppo_atari.sh --resume-existing on those games
+#   dev/gpu_check.sh stop "$OUT"      # stop train and the atari sweep (SIGTERM: runs write checkpoint.pt),
+#                                     # bring back logs and run folders as 15 MiB parts:
+#                                     # cat run.tar.part-* | tar x (train), cat atari.tar.part-* | tar x
+#                                     # (atari, in the repo root: runs/ and the run logs in atari/); then
+#                                     # --resume / atari again to continue
 #
 # Knobs: LOGS, PYTHON (default python3), TABLE_ARGS (extra arguments for `speed.py table`), TEST_WORKERS (pytest-xdist
 # workers for `tests`, default 4; 0 runs them one by one), RUN_ARGS (ppo_atari.py arguments for `train`).
@@ -146,8 +146,8 @@ step_atari() {
     fi
   done
   # (2) the dry run, with the same settings as the real sweep: which runs start, which resume, which are finished
-  local sweep=(env JOBS_PER_GPU="${JOBS_PER_GPU:-2}" SEEDS="${SEEDS:-1}" PYTHON="$PY" LOG_DIR="$LOGS/atari"
-    bash benchmark/ppo_atari.sh --games "$games" --resume-existing)
+  local sweep=(env JOBS_PER_GPU="${JOBS_PER_GPU:-2}" SEEDS="${SEEDS:-1}" PYTHON="$PY" SWEEP_PYTHON="$PY"
+    LOG_DIR="$LOGS/atari" bash benchmark/ppo_atari.sh --games "$games" --resume-existing)
   local run_args=(--compile --cudagraphs --save-model --no-progress-bar)
   # shellcheck disable=SC2206  # ATARI_ARGS is a list of words
   run_args+=(${ATARI_ARGS:-})
@@ -191,9 +191,10 @@ step_stop() {
 stop_atari() {
   local dest=$1 pid t0=$SECONDS
   pid=$(cat "$LOGS/atari.pid" 2>/dev/null)
-  # only the sweep this script started: its pid, still alive, still benchmark/ppo_atari.sh
+  # only the sweep this script started: its pid, still alive, still the atari sweep (ppo_atari.sh execs
+  # benchmark/sweep.py ppo_atari, which passes SIGTERM to every run and waits for their checkpoints)
   if [[ ! -f $LOGS/atari.done && -n $pid ]] && kill -0 "$pid" 2>/dev/null &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'ppo_atari\.sh'; then
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -Eq 'ppo_atari\.sh|sweep\.py ppo_atari'; then
     echo "atari: stopping the sweep (pid $pid): each run finishes its iteration and writes checkpoint.pt"
     kill -TERM "$pid"
     while kill -0 "$pid" 2>/dev/null && ((SECONDS - t0 < 420)); do sleep 1; done
