@@ -315,13 +315,6 @@ def cpu_ranges(cpus: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def allowed_cpus() -> list[int]:
-    """The CPUs this process may run on (its affinity on Linux, else 0 .. n-1)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(gpu_utils.available_cpus()))
-
-
 def detect_gpus(environ: dict[str, str]) -> int:
     """GPUs the runs will see: NUM_GPUS, else the CUDA_VISIBLE_DEVICES entries, else torch's count."""
     if environ.get("NUM_GPUS", "") != "":
@@ -987,7 +980,7 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
     lanes, slots = (n_gpus, jobs_per_gpu) if n_gpus else (1, jobs)
     concurrency = lanes * slots
 
-    allowed = allowed_cpus()
+    allowed = gpu_utils.allowed_cpus()
     cpus = allowed
     cpu_text = a.cpus or os.environ.get("SWEEP_CPUS", "")
     if cpu_text:
