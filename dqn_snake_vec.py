@@ -344,11 +344,15 @@ class QNetwork(nn.Module):
         self.register_buffer("scale", torch.tensor([1.0, 1.0, 1.0, 1.0 / min(height * width, 255)]).view(1, 4, 1, 1))
         flat = 32 * ((height + 1) // 2) * ((width + 1) // 2)
         self.network = nn.Sequential(
-            nn.Conv2d(planes, 32, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
-            nn.Linear(flat, 256), nn.ReLU(),
+            nn.Conv2d(planes, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(32, 32, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(flat, 256),
+            nn.ReLU(),
             nn.Linear(256, num_actions),
-        )  # fmt: skip
+        )
 
     def forward(self, x):
         *trunk, head = self.network
@@ -483,7 +487,12 @@ def load_checkpoint(path: str, training: bool = False) -> dict:
         raise ValueError(f"cannot read checkpoint {path!r} ({type(e).__name__}); is it a dqn_snake_vec file?") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise ValueError(f"{path!r} is not a dqn_snake_vec checkpoint (no model/args); use one this script wrote")
-    if not {"height", "width"} <= set(ckpt["args"]):  # another script's file
+    written_by = ckpt.get("script", "dqn_snake_vec")  # files from before the key: the board size below tells
+    if written_by != "dqn_snake_vec":
+        raise ValueError(
+            f"{path!r} was written by {written_by}.py, not dqn_snake_vec.py; use a checkpoint dqn_snake_vec.py wrote"
+        )
+    if not {"height", "width"} <= set(ckpt["args"]):  # another script's file, written before the key
         raise ValueError(f"{path!r} is another script's checkpoint (no board size); use one dqn_snake_vec wrote")
     if training and not {"optimizer", "iteration", "global_step", "rng", "run_name", "env"} <= set(ckpt):
         raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
@@ -541,9 +550,12 @@ if __name__ == "__main__":
         q_network = QNetwork(h, w, amp=args.amp).to(device)
         load_weights({"model": q_network}, eval_ckpt, args.eval_checkpoint)
         returns, scores, lengths = evaluate(env, lambda obs: epsilon_greedy(q_network(obs), args.eval_epsilon))
-        print(f"eval Snake{h}x{w}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
-              f"episodes (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})")  # fmt: skip
+        print(
+            f"eval Snake{h}x{w}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
+            f"episodes (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
+        )
         sys.exit(0)
+    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones (not for --eval-checkpoint)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
     print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, the games are torch ops too")
     print("config:")
@@ -556,9 +568,16 @@ if __name__ == "__main__":
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True, resume="allow",
-                   id=ckpt.get("wandb_id") if ckpt else None)  # fmt: skip
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+            resume="allow",
+            id=ckpt.get("wandb_id") if ckpt else None,
+        )
     writer = SummaryWriter(f"runs/{run_name}")
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
@@ -579,8 +598,10 @@ if __name__ == "__main__":
         obs = env.observe()
         gpu_utils.set_rng_state(ckpt["rng"][0], device)
         start_iteration = ckpt["iteration"]
-        print(f"resumed {args.resume} at step {ckpt['global_step']} (iteration {start_iteration}/{num_iterations}); "
-              "the replay memory starts empty")  # fmt: skip
+        print(
+            f"resumed {args.resume} at step {ckpt['global_step']} (iteration {start_iteration}/{num_iterations}); "
+            "the replay memory starts empty"
+        )
     global_step = start_iteration * n
 
     def act(obs, epsilon):
@@ -621,7 +642,8 @@ if __name__ == "__main__":
         state = dict(model=q_network.state_dict(), target_network=target_network.state_dict(), env=env.state_dict())
         state |= dict(optimizer=optimizer.state_dict(), args=vars(args), rng=[gpu_utils.rng_state(device)])
         state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
-        save_checkpoint(f"runs/{run_name}/checkpoint.pt", wandb_id=wandb.run.id if args.track else None, **state)
+        wandb_id = wandb.run.id if args.track else None
+        save_checkpoint(f"runs/{run_name}/checkpoint.pt", script="dqn_snake_vec", wandb_id=wandb_id, **state)
 
     # ---------------- training loop: one iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
@@ -675,6 +697,8 @@ if __name__ == "__main__":
         obs = next_obs
         iteration += 1
         global_step += n
+        if cpu_share.update():  # another run started or ended: this run's share of the CPUs changed
+            print(f"threads: {cpu_share.threads} ({cpu_share.why})")
         if iteration >= learning_starts_iteration and rb.size >= args.batch_size:
             for _ in range(args.updates_per_step):
                 stats, used = gpu_utils.accumulate_gradients(mb_loss, rb.sample(args.batch_size), micro_batch, params)
@@ -697,6 +721,7 @@ if __name__ == "__main__":
             windows.append(((iteration - last_log_iteration) * n, time.perf_counter() - window_start))
             sps = windows[-1][0] / windows[-1][1]
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
+            logs["threads/torch"] = cpu_share.threads
             if len(windows) > 1:  # the first window after a start or resume is warm-up (compile, caches, no learning)
                 logs["charts/SPS"] = sps
             recent = "-"
@@ -718,26 +743,32 @@ if __name__ == "__main__":
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop:
             checkpoint(iteration, "stopped" if stop else "running")
         if stop:
-            print(f"stopping on {stop[0]}: checkpoint at step {global_step}; "
-                  f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt")  # fmt: skip
+            print(
+                f"stopping on {stop[0]}: checkpoint at step {global_step}; "
+                f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
+            )
             break
 
     # ---------------- end of the run
     pbar.close()
     monitor.close()
+    cpu_share.close()
     if not stop:
         checkpoint(iteration, "finished")
         if args.save_model:
-            torch.save({"model": q_network.state_dict(), "args": vars(args)}, f"runs/{run_name}/{args.exp_name}.model")
-            print(f"model saved to runs/{run_name}/{args.exp_name}.model")
+            model_path = f"runs/{run_name}/{args.exp_name}.model"
+            torch.save({"model": q_network.state_dict(), "args": vars(args), "script": "dqn_snake_vec"}, model_path)
+            print(f"model saved to {model_path}")
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         writer.add_scalar("memory/peak_allocated_mib", peak, global_step)
         print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
     steady = windows[1:] or windows  # the first window is warm-up
     sps = sum(s for s, _ in steady) / max(sum(t for _, t in steady), 1e-9)
-    print(f"done: step {global_step}/{num_iterations * n} in {time.time() - train_start:.1f}s, {sps:,.0f} SPS, "
-          f"run dir runs/{run_name}")  # fmt: skip
+    print(
+        f"done: step {global_step}/{num_iterations * n} in {time.time() - train_start:.1f}s, {sps:,.0f} SPS, "
+        f"run dir runs/{run_name}"
+    )
     writer.close()
     if args.track:
         wandb.finish()

@@ -1,0 +1,179 @@
+"""The contract every script shares (issue #26), one parametrised test per clause over ppo_atari.py, ppo_continuous.py
+and dqn_snake_vec.py: bad input is one `error: ...` line (exit 2, no traceback), `--eval-checkpoint` reads both a
+checkpoint.pt and a --save-model file, and another script's checkpoint is refused by the name of the script that wrote
+it. One tiny CPU run per script (module-scoped) serves every test. Script-specific checks stay in each script's file."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import oom_prefix
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the smallest CPU budget each script's own tests use, one run that saves a model and a checkpoint
+TINY = {
+    "ppo_atari": ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"]
+    + ["--env-threads", "1", "--total-timesteps", "64", "--checkpoint-every", "1"],
+    "ppo_continuous": ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2"]
+    + ["--update-epochs", "1", "--gpu", "false", "--total-timesteps", "128"],
+    "dqn_snake_vec": ["--num-envs", "32", "--batch-size", "32", "--buffer-size", "4096", "--learning-starts", "128"]
+    + ["--log-every", "256", "--height", "6", "--width", "6", "--num-threads", "1", "--total-timesteps", "256"],
+}
+EVAL = {  # the eval line's environment name after the run above
+    "ppo_atari": "ALE/Breakout-v5",
+    "ppo_continuous": "Pendulum-v1",
+    "dqn_snake_vec": "Snake6x6",
+}
+SCRIPTS = list(TINY)
+
+
+def run(script, args, cwd, timeout=240):
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, str(ROOT / f"{script}.py"), "--no-progress-bar", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(res, *words):
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert "Traceback" not in res.stderr
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """Each script's run directory after one tiny run with --save-model (computed once per script, on demand)."""
+    runs = {}
+
+    def get(script):
+        if script not in runs:
+            cwd = tmp_path_factory.mktemp(script)
+            res = run(script, [*TINY[script], "--save-model"], cwd)
+            assert res.returncode == 0, res.stderr[-2000:]
+            (run_dir,) = glob.glob(str(cwd / "runs" / "*"))
+            runs[script] = Path(run_dir)
+        return runs[script]
+
+    return get
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+def test_missing_file_is_one_line_error(script, flag, tmp_path):
+    assert_one_line_error(run(script, [flag, "missing.pt"], tmp_path), "missing.pt", "does not exist")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+def test_a_file_that_is_no_checkpoint_is_one_line_error(script, flag, tmp_path):
+    torch.save({"weights": [1, 2, 3]}, tmp_path / "garbage.pt")
+    assert_one_line_error(run(script, [flag, "garbage.pt"], tmp_path), f"not a {script} checkpoint")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_eval_saved_model_and_checkpoint(script, finished, tmp_path):
+    run_dir = finished(script)
+    for path in [run_dir / f"{script}.model", run_dir / "checkpoint.pt"]:
+        assert torch.load(path, weights_only=False)["script"] == script  # each file names the script that wrote it
+        res = run(script, ["--eval-checkpoint", path, "--eval-episodes", "2"], tmp_path)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert f"eval {EVAL[script]}: mean return" in res.stdout and "+-" in res.stdout, res.stdout
+        assert "over 2 episodes" in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("reader, writer", [(r, w) for r in SCRIPTS for w in SCRIPTS if r != w])
+@pytest.mark.parametrize("file", ["checkpoint.pt", "model"])
+def test_another_scripts_file_names_the_script_that_wrote_it(reader, writer, file, finished, tmp_path):
+    path = finished(writer) / (f"{writer}.model" if file == "model" else file)
+    flag = "--resume" if file == "checkpoint.pt" else "--eval-checkpoint"
+    res = run(reader, [flag, path], tmp_path)
+    assert_one_line_error(res, f"was written by {writer}.py, not {reader}.py")
+    assert not (tmp_path / "runs").exists()
+
+
+BATCH = {"ppo_atari": 32, "ppo_continuous": 64, "dqn_snake_vec": 32}  # agent steps per iteration of TINY
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_sigterm_checkpoint_then_resume_reaches_total(script, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    args = [*TINY[script], "--total-timesteps", "10000000", "--log-every", "32"][
+        : None if script == "dqn_snake_vec" else -2
+    ]
+    cmd = [sys.executable, str(ROOT / f"{script}.py"), "--no-progress-bar", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if sum(ln.startswith("iteration ") for ln in lines) >= 3:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 0, out[-2000:]
+    assert "stopping on SIGTERM" in out, out[-2000:]
+    (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    stopped = ckpt["global_step"]
+    assert ckpt["status"] == "stopped" and 0 < stopped < 10000000
+    assert f"continue with: python {ROOT / script}.py --resume runs/{ckpt['run_name']}/checkpoint.pt" in out, out
+    total = stopped + 4 * BATCH[script]
+    ckpt["args"]["total_timesteps"] = total  # shorten the run so the test stays fast
+    torch.save(ckpt, ckpt_path)
+    log_every = ["--log-every", "32"] if script == "dqn_snake_vec" else []  # a runtime flag: not kept in the run
+    res = run(script, ["--resume", ckpt_path, *log_every], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"at step {stopped}" in res.stdout and f"step {total}, SPS" in res.stdout, res.stdout
+    assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
+    assert torch.load(ckpt_path, weights_only=False)["status"] == "finished"
+    acc = EventAccumulator(str(Path(ckpt_path).parent))
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("charts/learning_rate")]  # logged every iteration in both legs
+    assert steps == list(range(steps[0], total + 1, BATCH[script])), steps  # no gap, no repeat
+
+
+# the layer that runs out of memory above how many rows, the update's rows, and the micro-batch the back-off reaches
+OOM = {
+    "ppo_atari": ("Conv2d", 5, 16, 4),
+    "ppo_continuous": ("Linear", 10, 32, 8),
+    "dqn_snake_vec": ("Conv2d", 10, 32, 8),
+}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(script, finished, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    layer, limit, rows, micro = OOM[script]
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    models = {}
+    for name, prefix, extra in [("oom", oom_prefix(layer, limit), []), ("micro", [], ["--micro-batch", str(micro)])]:
+        (tmp_path / name).mkdir()
+        cmd = [sys.executable, *prefix, str(ROOT / f"{script}.py"), "--no-progress-bar", *TINY[script], "--save-model"]
+        res = subprocess.run(cmd + extra, cwd=tmp_path / name, env=env, capture_output=True, text=True, timeout=240)
+        assert res.returncode == 0, res.stderr[-2000:]
+        (run_dir,) = glob.glob(str(tmp_path / name / "runs" / "*"))
+        models[name] = torch.load(Path(run_dir) / f"{script}.model", weights_only=True)["model"]
+        if name == "oom":
+            assert f"CUDA out of memory at {rows} rows, now {micro} rows per backward pass" in res.stdout
+            if script != "dqn_snake_vec":
+                acc = EventAccumulator(run_dir)
+                acc.Reload()
+                assert {e.value for e in acc.Scalars("memory/micro_batch")} == {micro}
+    whole = torch.load(finished(script) / f"{script}.model", weights_only=True)["model"]
+    for key, weight in whole.items():
+        assert torch.equal(models["oom"][key], models["micro"][key]), key  # the same micro-batches, same numbers
+        if script != "dqn_snake_vec":
+            torch.testing.assert_close(models["oom"][key], weight, atol=1e-5, rtol=1e-4)  # = the whole minibatch's
