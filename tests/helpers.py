@@ -52,3 +52,14 @@ def wait_for(predicate, timeout, what):
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def assert_one_line_error(res, *words):
+    """A script's run refused its input: exit 2, one `error: ...` line on stderr holding each of ``words``, no
+    traceback."""
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert "Traceback" not in res.stderr

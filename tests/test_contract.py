@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import oom_prefix
+from helpers import assert_one_line_error, oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,15 +38,6 @@ def run(script, args, cwd, timeout=240):
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(ROOT / f"{script}.py"), "--no-progress-bar", *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def assert_one_line_error(res, *words):
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    assert "Traceback" not in res.stderr
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from helpers import assert_micro_batches_match
+from helpers import assert_micro_batches_match, assert_one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")
@@ -37,15 +37,6 @@ def parse(*argv):
 def run_dir(tmp_path):
     (path,) = (tmp_path / "runs").iterdir()
     return path
-
-
-def assert_one_line_error(res, *words):
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-    assert "Traceback" not in res.stderr
 
 
 # ---------------------------------------------------------------- presets and batch sizes (in-process)
