@@ -6,6 +6,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """record episodes of game 0 to videos/<run_name> (every --video-every iterations)"""
+    """record game 0's games to videos/<run_name>, on a cubic schedule (its frames reach the host once per log)"""
     progress_bar: bool = True
     """show a progress bar (off: a log line every --log-every steps)"""
     checkpoint_every: int = 10_000
@@ -72,7 +73,7 @@ class Args:
     """board height (cells, at least 3)"""
     width: int = 10
     """board width (cells, at least 3)"""
-    env_mode: str = "auto"
+    env_mode: Literal["auto", "dense", "sparse"] = "auto"
     """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU default), auto"""
     total_timesteps: int = 5_000_000
     """total env steps (summed over all games); an iteration is one step of every game"""
@@ -80,7 +81,7 @@ class Args:
     """the learning rate of the Adam optimizer"""
     buffer_size: int = 500_000
     """the replay memory size in transitions"""
-    buffer_device: str = "auto"
+    buffer_device: Literal["auto", "cpu"] = "auto"
     """where the replay memory lives: auto (the training device) or cpu (pinned host memory)"""
     gamma: float = 0.99
     """the discount factor gamma"""
@@ -106,8 +107,6 @@ class Args:
     """the maximum norm for the gradient clipping"""
     log_every: int = 25_600
     """env steps between scalar logs (whole iterations); charts/SPS: env steps/s with learning on in that window"""
-    video_every: int = 5000
-    """with --capture-video, record game 0's next episode every this many iterations (host syncs while armed)"""
     eval_epsilon: float = 0.0
     """epsilon of the --eval-checkpoint policy"""
 
@@ -116,30 +115,29 @@ class Args:
 RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
 RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
 RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_mode", "log_every"}
-RUNTIME_FLAGS |= {"video_every", "buffer_device", "eval_epsilon"}
+RUNTIME_FLAGS |= {"buffer_device", "eval_epsilon"}
 
 
 def validate(args):
-    h, w, n, bs, buf = args.height, args.width, args.num_envs, args.batch_size, args.buffer_size
-    for bad, message in [
-        (h < 3 or w < 3, f"--height and --width must be at least 3, got {h} x {w}"),
-        (n < 1, f"--num-envs must be at least 1, got {n}"),
-        (args.total_timesteps < n, f"--total-timesteps must be at least --num-envs ({n})"),
-        (args.n_step < 1, f"--n-step must be at least 1, got {args.n_step}"),
-        (not 0 < args.gamma <= 1 or not 0 < args.tau <= 1, "--gamma and --tau must be in (0, 1]"),
-        (bs < 1 or buf < max(bs, n), f"--buffer-size ({buf}) must hold at least --batch-size and --num-envs"),
-        (args.updates_per_step < 0, "--updates-per-step must be at least 0"),
-        (args.target_network_frequency < 1, "--target-network-frequency must be at least 1"),
-        (args.buffer_device not in ("auto", "cpu"), f"--buffer-device must be auto or cpu, got {args.buffer_device!r}"),
-        (not 0 < args.exploration_fraction <= 1, "--exploration-fraction must be in (0, 1]"),
-        (args.eval_episodes < 1, "--eval-episodes must be at least 1"),
-        (
-            args.env_mode not in ("auto", "dense", "sparse"),
-            f"--env-mode must be auto, dense or sparse, got {args.env_mode!r}",
+    """Raise ValueError with the one-line message of the first setting that cannot work."""
+    h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
+    checks = {  # the one-line error for each condition that must hold
+        f"--height and --width must be at least 3, got {h} x {w}": min(h, w) >= 3,
+        f"--num-envs must be at least 1, got {n}": n >= 1,
+        f"--total-timesteps must be at least --num-envs ({n})": args.total_timesteps >= n,
+        f"--n-step must be at least 1, got {args.n_step}": args.n_step >= 1,
+        "--gamma and --tau must be in (0, 1]": 0 < args.gamma <= 1 and 0 < args.tau <= 1,
+        f"--buffer-size ({buffer_size}) must hold at least --batch-size and --num-envs": (
+            args.batch_size >= 1 and buffer_size >= max(args.batch_size, n)
         ),
-    ]:
-        if bad:
-            raise ValueError(message)
+        "--updates-per-step must be at least 0": args.updates_per_step >= 0,
+        "--target-network-frequency must be at least 1": args.target_network_frequency >= 1,
+        "--exploration-fraction must be in (0, 1]": 0 < args.exploration_fraction <= 1,
+        "--eval-episodes must be at least 1": args.eval_episodes >= 1,
+    }
+    failed = [message for message, ok in checks.items() if not ok]
+    if failed:
+        raise ValueError(failed[0])
 
 
 # ---------------------------------------------------------------- environment
@@ -313,14 +311,7 @@ class VecSnake:
 
     def render(self, i=0, obs=None, cell=16):
         """RGB uint8 (H*cell, W*cell, 3) frame of game ``i`` (``obs`` or the current state): head yellow, food red."""
-        planes = (self.observe() if obs is None else obs)[i].cpu().numpy().astype(np.float32)
-        ages, body = planes[3], planes[1] > 0
-        img = np.full((self.h, self.w, 3), (30, 30, 40), dtype=np.uint8)
-        img[body] = (20, 0, 40)
-        img[body, 1] = (90 + 140 * ages[body] / max(ages.max(), 1)).astype(np.uint8)
-        img[planes[2] > 0] = (230, 40, 40)
-        img[planes[0] > 0] = (250, 220, 40)
-        return np.kron(img, np.ones((cell, cell, 1), dtype=np.uint8))
+        return snake_view((self.observe() if obs is None else obs)[i].cpu().numpy(), cell)
 
     _state_names = ("ages", "head", "direction", "food", "length", "since_food", "score", "ep_len", "ep_return")
 
@@ -331,6 +322,47 @@ class VecSnake:
         for k in self._state_names:
             getattr(self, k).copy_(state[k])
         self.gen.set_state(state["generator"])
+
+
+class VideoRecorder:
+    """Writes env 0's games to <folder>/episode-<k>.mp4 on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
+    then every 1000th)."""
+
+    def __init__(self, folder: str, fps: int):
+        self.folder = folder
+        self.fps = fps
+        self.frames = []
+        self.episode = 0
+        os.makedirs(folder, exist_ok=True)
+
+    def add(self, frame: np.ndarray, game_over: bool) -> str | None:
+        """Add env 0's frame after this step ((H, W, 3) uint8); returns the video's path when a recorded game ends."""
+        episode = self.episode
+        recorded = round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
+        if recorded:
+            self.frames.append(frame)
+        self.episode += game_over
+        if not (game_over and self.frames):
+            return None
+        from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
+
+        path = os.path.join(self.folder, f"episode-{episode}.mp4")
+        ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
+        self.frames = []
+        return path
+
+
+def snake_view(planes: np.ndarray, cell: int = 16) -> np.ndarray:
+    """One game's (4, H, W) observation as an RGB uint8 (H*cell, W*cell, 3) frame: head yellow, food red, the body
+    green, brighter towards the head."""
+    ages = planes[3].astype(np.float32)
+    body = planes[1] > 0
+    img = np.full((*body.shape, 3), (30, 30, 40), dtype=np.uint8)
+    img[body] = (20, 0, 40)
+    img[body, 1] = (90 + 140 * ages[body] / max(ages.max(), 1)).astype(np.uint8)
+    img[planes[2] > 0] = (230, 40, 40)
+    img[planes[0] > 0] = (250, 220, 40)
+    return np.kron(img, np.ones((cell, cell, 1), dtype=np.uint8))
 
 
 # ---------------------------------------------------------------- network
@@ -657,8 +689,9 @@ if __name__ == "__main__":
     train_stats = torch.zeros(3, device=device)  # updates, td loss, q-value
     target_params = list(target_network.parameters())
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
-    video_state = "off"
-    frames = []
+    recorder = VideoRecorder(f"videos/{run_name}", fps=10) if args.capture_video else None
+    video_frames = []  # game 0's observation after each step of this log window, and whether its game ended
+    video_ends = []
     num_updates = 0
     windows = []  # (env steps, seconds) of each log window; the first is warm-up
     train_start = time.time()
@@ -676,24 +709,9 @@ if __name__ == "__main__":
             rb.add(*batch)
         ended_f = ended.float()
         ep_stats += torch.stack([ended_f, *(info[k] * ended_f for k in episode_charts)]).sum(1)
-        if args.capture_video:
-            if video_state == "off" and iteration % args.video_every == 0:
-                video_state = "armed"  # record game 0's next episode from its first frame
-            if video_state == "on":
-                frames.append(env.render(0, info["final_obs"]))
-            if video_state == "armed" and bool(ended[0]):
-                video_state = "on"
-                frames = [env.render(0, next_obs)]
-            elif video_state == "on" and bool(ended[0]):
-                from moviepy import ImageSequenceClip
-
-                os.makedirs(f"videos/{run_name}", exist_ok=True)
-                path = f"videos/{run_name}/step{global_step + n}.mp4"
-                ImageSequenceClip(frames, fps=10).write_videofile(path, logger=None)
-                if args.track:
-                    wandb.log({"videos": wandb.Video(path)}, commit=False)
-                video_state = "off"
-                frames = []
+        if recorder is not None:  # game 0's frames stay on the device until the log window's one copy to the host
+            video_frames.append(info["final_obs"][0].clone())
+            video_ends.append(ended[0])
         obs = next_obs
         iteration += 1
         global_step += n
@@ -732,6 +750,14 @@ if __name__ == "__main__":
                 logs |= {"losses/td_loss": loss / updates, "losses/q_values": q_mean / updates}
             for key, value in {**logs, **monitor.collect()}.items():
                 writer.add_scalar(key, value, global_step)
+            if video_frames:
+                frames = torch.stack(video_frames).cpu().numpy()
+                for frame, game_over in zip(frames, torch.stack(video_ends).tolist()):
+                    video = recorder.add(snake_view(frame), game_over)
+                    if video and args.track:
+                        wandb.log({"videos": wandb.Video(video)}, commit=False)
+                video_frames.clear()
+                video_ends.clear()
             pbar.set_postfix_str(f"SPS={sps:,.0f} eps={epsilon:.2f} {recent}", refresh=False)
             pbar.update(global_step - pbar.n)
             if not args.progress_bar:

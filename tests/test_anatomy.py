@@ -118,3 +118,17 @@ def test_formatted_without_packing_and_a_loop_that_fits(script):
     start = next(i for i, line in enumerate(lines) if re.match(r"^ {4}# -{10,} training loop", line))
     end = next(i for i, line in enumerate(lines) if re.match(r"^ {4}# -{10,} end of the run", line))
     assert end - start <= LOOP_CEILING, f"{script}'s training loop has {end - start} lines, over {LOOP_CEILING}"
+
+
+def test_one_video_recorder_shape_and_enum_like_flags_typed_as_literal():
+    def recorder(script):
+        tree = ast.parse(source(script))
+        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VideoRecorder"]
+        return ast.unparse(node)
+
+    # Atari and Snake write videos with the same class (copied: each script stands alone), fed (frame, game_over)
+    assert recorder("ppo_atari.py") == recorder("dqn_snake_vec.py")
+    # a flag with a fixed set of choices is a Literal, so that tyro lists them in --help and refuses anything else
+    annotations = [node for node in ast.walk(ast.parse(source("dqn_snake_vec.py"))) if isinstance(node, ast.AnnAssign)]
+    snake_fields = {node.target.id: ast.unparse(node.annotation) for node in annotations}
+    assert snake_fields["env_mode"].startswith("Literal[") and snake_fields["buffer_device"].startswith("Literal[")
