@@ -73,8 +73,9 @@ class Args:
     """board height (cells, at least 3)"""
     width: int = 10
     """board width (cells, at least 3)"""
-    env_mode: Literal["auto", "dense", "sparse"] = "auto"
-    """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU default), auto"""
+    env_mode: Literal["auto", "dense", "sparse", "fused"] = "auto"
+    """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU default), fused
+    (dense's games, torch.compiled into a few kernels), auto"""
     total_timesteps: int = 5_000_000
     """total env steps (summed over all games); an iteration is one step of every game"""
     learning_rate: float = 5e-4
@@ -152,14 +153,22 @@ class VecSnake:
     Eating: +1 and grow by one. Wall or body (the cell the tail leaves is free): -1, game over, the board as before
     the move. A full board wins; 2*H*W steps without food truncate. Finished games restart in place (uniform start
     and food); ``info["final_obs"]`` is the true last observation. ``mode``: dense (masks over every board, no host
-    sync; GPU default) or sparse (only the boards that need food or a reset; CPU default).
+    sync; GPU default), sparse (only the boards that need food or a reset; CPU default), or fused: the dense games
+    (the same random numbers, so the same games) as one pure function of the state, ``_step_tensors``, that
+    torch.compile turns into a few kernels (``compile=False`` runs it eagerly).
+
+    Bytes a fused step moves per game on an H x W board (C = H*W cells; 100 on 10 x 10; ages int8 up to 125 cells):
+    the state read and written, 2 x (C + 1 + 49) (ages with the wall cell; head, direction and food int64; length;
+    four int32/float counters); the food draw, 2 x 4C (C uniform floats written, then read: the argmax over empty
+    cells); the two observations written, 2 x 4C (final and next, uint8 planes); the outputs, about 20. That is
+    about 18C + 120 bytes: 1.9 KB on 10 x 10, of which the observations and the food draw are 85%.
     """
 
-    def __init__(self, num_envs, height=10, width=10, device="cpu", seed=0, generator=None, mode="auto"):
+    def __init__(self, num_envs, height=10, width=10, device="cpu", seed=0, generator=None, mode="auto", compile=True):
         if height < 3 or width < 3:
             raise ValueError(f"the board must be at least 3 x 3, got {height} x {width}")
-        if mode not in ("auto", "dense", "sparse"):
-            raise ValueError(f"mode must be auto, dense or sparse, got {mode!r}")
+        if mode not in ("auto", "dense", "sparse", "fused"):
+            raise ValueError(f"mode must be auto, dense, sparse or fused, got {mode!r}")
         self.n = num_envs
         self.h, self.w = height, width
         self.hw = height * width
@@ -185,6 +194,7 @@ class VecSnake:
                     starts.append([cells[0], d, *cells, *sorted(cells)])
         self._starts = torch.tensor(starts, device=self.device)
         self._start_ages = torch.tensor([[3, 2, 1]], dtype=self.dtype, device=self.device)
+        self._num_picks = len(starts) * (self.hw - 3)  # a reset draws a start and a food cell among the others
         self.ages = torch.zeros(self.n, self.hw + 1, dtype=self.dtype, device=self.device)
         self.ages[:, self.hw] = torch.iinfo(self.dtype).max
         self.board = self.ages[:, : self.hw]  # view of the real cells
@@ -202,6 +212,9 @@ class VecSnake:
         self._row_base = torch.arange(self.n, device=self.device) * self.hw
         self._marks = [(self._row_base, self._row_base) for _ in range(4)]  # where each buffer has head and food
         self._turn = 0
+        self._cells = torch.arange(self.hw, device=self.device)
+        # fullgraph: a graph break would leave Python between the kernels, which is what fused removes
+        self._fused = torch.compile(self._step_tensors, fullgraph=True) if compile else self._step_tensors
 
     def reset(self):
         """Start every game afresh; returns the observation (N, 4, H, W) uint8."""
@@ -234,6 +247,10 @@ class VecSnake:
         reset), score (food eaten), length, episode_return, episode_length, as at the end of this step.
         Observations are views of buffers that the env reuses two steps later: clone them to keep them longer.
         """
+        if self.mode == "fused":  # the random numbers the dense step would draw, in its order: the same games
+            food_noise = torch.rand(self.n, self.hw, device=self.device, generator=self.gen)
+            reset_pick = torch.randint(0, self._num_picks, (self.n,), device=self.device, generator=self.gen)
+            return self._fused(actions, food_noise, reset_pick)
         a = self._turn_table[self.direction, actions]
         nxt = self._next[self.head, a]
         cell = self.ages.gather(1, nxt.unsqueeze(1)).squeeze(1)
@@ -260,17 +277,74 @@ class VecSnake:
         self._reset_games(terminated | truncated)
         return self.observe(2 * self._turn + 1), reward, terminated, truncated, info
 
+    def _step_tensors(self, actions, food_noise, reset_pick):
+        """The dense step with its random numbers given, as tensor ops only: no host sync, no Python state, the
+        state updated in place (so a CUDA graph can hold it) and fresh observations. Mode fused compiles it."""
+        a = self._turn_table[self.direction, actions]
+        nxt = self._next[self.head, a]
+        cell = self.ages.gather(1, nxt.unsqueeze(1)).squeeze(1)
+        dead = cell > 1  # the wall cell, or the body; age 1 is the tail, which moves on unless the snake eats
+        alive = ~dead
+        eat = nxt == self.food  # food is never on the snake, so an eating move is always legal
+        length = self.length + eat
+        board = (self.board - (alive ^ eat).to(self.dtype).unsqueeze(1)).clamp_min(0)  # the tail advances
+        moved = board.scatter(1, nxt.clamp(max=self.hw - 1).unsqueeze(1), length.unsqueeze(1))  # the new head
+        board = torch.where(alive.unsqueeze(1), moved, board)  # a dead snake's board stays as before the move
+        head = torch.where(alive, nxt, self.head)
+        direction = torch.where(alive, a, self.direction)
+        since_food = (self.since_food + 1) * ~eat
+        ep_len = self.ep_len + 1
+        win = length == self.hw
+        terminated = dead | win
+        truncated = (since_food >= 2 * self.hw) & alive
+        reward = eat.float() - dead.float()
+        score = self.score + eat
+        ep_return = self.ep_return + reward
+        new_food = food_noise.masked_fill(board > 0, -1).argmax(1)  # a uniformly random empty cell
+        food = torch.where(eat & ~win, new_food, self.food)
+        info = dict(score=score, length=length, episode_return=ep_return, episode_length=ep_len)
+        info["final_obs"] = self._planes(head, food, board, ~win)  # a won game's food was eaten
+        # finished games restart: a start from the table, food on the k-th of the other cells
+        done = terminated | truncated
+        free = self.hw - 3
+        start = self._starts[reset_pick // free]
+        start_food = reset_pick % free
+        for j in (5, 6, 7):  # skip the sorted body cells
+            start_food = start_food + (start_food >= start[:, j])
+        start_board = torch.zeros_like(board).scatter(1, start[:, 2:5], self._start_ages.expand(self.n, 3))
+        self.board.copy_(torch.where(done.unsqueeze(1), start_board, board))
+        self.head.copy_(torch.where(done, start[:, 0], head))
+        self.direction.copy_(torch.where(done, start[:, 1], direction))
+        self.food.copy_(torch.where(done, start_food, food))
+        self.length.copy_(torch.where(done, 3, length))
+        self.since_food.copy_(torch.where(done, 0, since_food))
+        self.score.copy_(torch.where(done, 0, score))
+        self.ep_len.copy_(torch.where(done, 0, ep_len))
+        self.ep_return.copy_(torch.where(done, 0.0, ep_return))
+        next_obs = self._planes(self.head, self.food, self.board, torch.ones_like(win))
+        return next_obs, reward, terminated, truncated, info
+
+    def _planes(self, head, food, board, food_visible):
+        """A fresh (N, 4, H, W) uint8 observation from state tensors: what ``observe`` writes into its buffers."""
+        planes = [
+            self._cells == head.unsqueeze(1),
+            board > 0,
+            (self._cells == food.unsqueeze(1)) & food_visible.unsqueeze(1),
+            board if self.hw < 256 else board.clamp(max=255),  # ages (non-negative) as uint8, as observe does
+        ]
+        return torch.stack([plane.to(torch.uint8) for plane in planes], 1).view(self.n, 4, self.h, self.w)
+
     def _set(self, mask, rows, **values):
         """Set state of the games in ``mask`` (dense: every game through ``torch.where``; sparse: the ``rows``)."""
         for key, value in values.items():
-            if self.mode == "dense":
+            if self.mode != "sparse":
                 setattr(self, key, torch.where(mask, value, getattr(self, key)))
             else:
                 getattr(self, key)[rows] = value
 
     def _place_food(self, mask):
         """Put food on a uniformly random empty cell of every game where ``mask`` is set."""
-        rows = slice(None) if self.mode == "dense" else mask.nonzero().squeeze(1)
+        rows = slice(None) if self.mode != "sparse" else mask.nonzero().squeeze(1)
         board = self.board[rows]
         if len(board):
             scores = torch.rand(len(board), self.hw, device=self.device, generator=self.gen).masked_fill_(board > 0, -1)
@@ -278,17 +352,17 @@ class VecSnake:
 
     def _reset_games(self, done):
         """Restart the games where ``done``: a uniformly random start, food on a uniformly random other cell."""
-        rows = slice(None) if self.mode == "dense" else done.nonzero().squeeze(1)
-        m = self.n if self.mode == "dense" else len(rows)
+        rows = slice(None) if self.mode != "sparse" else done.nonzero().squeeze(1)
+        m = self.n if self.mode != "sparse" else len(rows)
         if m == 0:
             return
         free = self.hw - 3
-        pick = torch.randint(0, len(self._starts) * free, (m,), device=self.device, generator=self.gen)
+        pick = torch.randint(0, self._num_picks, (m,), device=self.device, generator=self.gen)
         start = self._starts[pick // free]
         food = pick % free  # the food is the k-th cell not on the snake: skip the sorted body cells
         for j in (5, 6, 7):
             food += food >= start[:, j]
-        if self.mode == "dense":
+        if self.mode != "sparse":
             self.board.mul_((~done).unsqueeze(1))
             self.ages.scatter_add_(1, start[:, 2:5], self._start_ages * done.unsqueeze(1))
         else:

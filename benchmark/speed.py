@@ -495,7 +495,11 @@ def gpu_profile(force_cpu: bool) -> list[Setting]:
         what = "defaults (256 games)" if n == 256 else f"--num-envs {n}"
         dqn[n] = [
             snake(f"dqn_snake_vec/{n}/{name}", f"dqn_snake_vec.py {what}, {name}", n, 8, [*gpu, *flags])
-            for name, flags in [("eager", []), ("--compile --cudagraphs", ["--compile", "--cudagraphs"])]
+            for name, flags in [
+                ("eager", []),
+                ("--compile --cudagraphs", ["--compile", "--cudagraphs"]),
+                ("--compile --cudagraphs --env-mode fused", ["--compile", "--cudagraphs", "--env-mode", "fused"]),
+            ]
         ]
     return atari + cont[:2] + dqn[4096] + cont[2:] + dqn[256] + dqn[65536]
 
@@ -528,7 +532,7 @@ def gpu_targets(results: dict[str, Result]) -> list[str]:
         if beast
         else "- ppo_continuous.py --preset beast: not measured"
     )
-    snakes = [r for k, r in results.items() if k.startswith("ceiling/snake/") and r.ok]
+    snakes = [r for k, r in results.items() if k.startswith(("ceiling/snake/", "ceiling/snake-fused/")) and r.ok]
     if snakes:
         top = max(snakes, key=lambda r: r.sps)
         lines.append(
@@ -684,6 +688,11 @@ def cmd_table(a, _passthrough) -> int:
     ceilings += [
         (f"ceiling/snake/{n}", f"VecSnake {n}", lambda n=n: snake_row(n, device, mode, a.seconds)) for n in snake_sizes
     ]
+    if gpu:  # the fused step beside the dense one, size by size
+        ceilings += [
+            (f"ceiling/snake-fused/{n}", f"VecSnake fused {n}", lambda n=n: snake_row(n, device, "fused", a.seconds))
+            for n in snake_sizes
+        ]
     ceilings = [c for c in ceilings if selected(c[0], c[1], a.only)]
     settings = [s for s in settings if selected(s.key, s.label, a.only)]
     if a.dry_run:
@@ -887,7 +896,7 @@ def parser() -> Parser:
     c.add_argument("--snake-sizes", type=positive(int), nargs="*", default=[256, 4096, 65536])
     c.add_argument("--device", default="cpu", help="VecSnake device: cpu, cuda, cuda:N")
     c.add_argument(
-        "--mode", dest="snake_mode", default="dense", choices=["auto", "dense", "sparse"], help="VecSnake mode"
+        "--mode", dest="snake_mode", default="dense", choices=["auto", "dense", "sparse", "fused"], help="VecSnake mode"
     )
     c.add_argument("--compiled-snake-sizes", type=positive(int), nargs="*", default=[], help="VecSnake, step compiled")
     c.add_argument("--mujoco-envs", type=positive(int), nargs="*", default=[], help="MuJoCo vector env sizes")

@@ -19,7 +19,8 @@ sys.path.insert(0, ROOT)
 from dqn_snake_vec import DOWN, LEFT, RIGHT, UP, NStep, QNetwork, ReplayBuffer, VecSnake  # noqa: E402
 
 torch.set_num_threads(1)
-MODES = ["sparse", "dense"]
+# the rules hold in every mode; fused runs its one function eagerly here (compiled in test_fused_step_*)
+MODES = ["sparse", "dense", "fused"]
 MOVES = {UP: (-1, 0), RIGHT: (0, 1), DOWN: (1, 0), LEFT: (0, -1)}
 
 
@@ -31,7 +32,7 @@ def body_of(env, i):
 
 
 def game(h, w, body, direction, food, mode="sparse", n=1):
-    env = VecSnake(n, h, w, seed=0, mode=mode)
+    env = VecSnake(n, h, w, seed=0, mode=mode, compile=False)
     env.reset()
     for i in range(n):
         env.set_game(i, body, direction, food)
@@ -168,7 +169,7 @@ def test_reset_of_one_game_leaves_the_others_untouched(mode):
     n = 8
     envs = []
     for crash in (True, False):
-        env = VecSnake(n, 6, 6, seed=3, mode=mode)
+        env = VecSnake(n, 6, 6, seed=3, mode=mode, compile=False)
         env.reset()
         for i in range(n):
             env.set_game(i, [(2, 2), (2, 1), (2, 0)], RIGHT, (5, 5))
@@ -185,10 +186,11 @@ def test_reset_of_one_game_leaves_the_others_untouched(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_food_is_uniform_over_empty_cells(mode):
-    env = game(3, 4, [(1, 1), (1, 2), (2, 2), (2, 1)], LEFT, (0, 0), mode, n=2000)
-    env._place_food(torch.ones(env.n, dtype=torch.bool))
+    env = game(3, 4, [(1, 1), (1, 2), (2, 2)], LEFT, (1, 0), mode, n=2000)
+    _, reward, *_ = act(env, *[LEFT] * env.n)  # every snake eats and grows to 4 cells; new food goes elsewhere
+    assert reward.eq(1).all()
     counts = torch.bincount(env.food, minlength=env.hw)
-    snake = [1 * 4 + 1, 1 * 4 + 2, 2 * 4 + 2, 2 * 4 + 1]
+    snake = [1 * 4 + 0, 1 * 4 + 1, 1 * 4 + 2, 2 * 4 + 2]
     assert counts[snake].sum() == 0
     free = [k for k in range(env.hw) if k not in snake]
     assert counts[free].min() > 2000 / 8 * 0.7 and counts[free].max() < 2000 / 8 * 1.3
@@ -322,6 +324,42 @@ def test_matches_plain_python_reference(device, mode, h, w):
             assert obs[i, 3].reshape(-1).tolist() == ref.ages()
             assert obs[i, 2].reshape(-1).argmax().item() == ref.food[0] * w + ref.food[1]
     assert counts["eat"] > 300 and counts["die"] > 100, counts
+
+
+@pytest.mark.parametrize("device,n,h,w", [("cpu", 48, 5, 6), pytest.param("cuda", 4096, 10, 10, marks=pytest.mark.gpu)])
+def test_fused_step_plays_the_same_games_as_the_dense_step(device, n, h, w):
+    """The compiled fused step against the dense torch code, from the same state for thousands of steps: the same
+    observations, rewards, ends, episode results and state, bit for bit, with snakes that grow long (truncation and
+    winning are in the rules tests above, which run the fused step's function too)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    reference = VecSnake(n, h, w, device=device, seed=5, mode="dense")
+    fused = VecSnake(n, h, w, device=device, seed=5, mode="fused")
+    assert torch.equal(reference.reset(), fused.reset())
+    rng = torch.Generator(device).manual_seed(2)
+    counts = torch.zeros(3, dtype=torch.long, device=device)  # food eaten, deaths, the longest snake
+    for t in range(3000):
+        head_row, head_col = reference.head // w, reference.head % w
+        food_row, food_col = reference.food // w, reference.food % w
+        toward_food = torch.where(
+            food_row != head_row,
+            torch.where(food_row > head_row, DOWN, UP),
+            torch.where(food_col > head_col, RIGHT, LEFT),
+        )
+        random_actions = torch.randint(0, 4, (n,), device=device, generator=rng)
+        greedy = torch.rand(n, device=device, generator=rng) < 0.8  # mostly toward the food: long snakes
+        actions = torch.where(greedy, toward_food, random_actions)
+        expected, got = reference.step(actions), fused.step(actions)
+        for name, a, b in zip(["next_obs", "reward", "terminated", "truncated"], expected, got):
+            assert torch.equal(a, b), (t, name)
+        for key in expected[4]:
+            assert torch.equal(expected[4][key], got[4][key]), (t, key)
+        for key in VecSnake._state_names:
+            assert torch.equal(getattr(reference, key), getattr(fused, key)), (t, key)
+        counts[:2] += torch.stack([expected[1].eq(1).sum(), expected[1].eq(-1).sum()])
+        counts[2] = torch.maximum(counts[2], expected[4]["length"].max())
+    eaten, died, longest = counts.tolist()
+    assert eaten > 50 * n and died > 10 * n and longest >= h * w // 2, counts  # some snakes filled half the board
 
 
 # ---------------------------------------------------------------- replay and n-step

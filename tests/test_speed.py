@@ -209,13 +209,15 @@ def test_gpu_profile_rows():
     assert res.returncode == 0, res.stderr
     rows = res.stdout.splitlines()
     assert sum(r.startswith("AtariVectorEnv") for r in rows) == 3  # 16, 64, 128 envs
-    assert sum(r.startswith("VecSnake") for r in rows) == 11  # 2^12 ... 2^22
+    assert sum(r.startswith("VecSnake") for r in rows) == 2 * 11  # 2^12 ... 2^22, dense and fused
+    assert sum(r.startswith("VecSnake fused") for r in rows) == 11
     training = [r for r in rows if ": python " in r]
-    assert len(training) == 4 + 5 + 6
+    assert len(training) == 4 + 5 + 9
     assert all("--gpu false" in r for r in training)  # --force-cpu
     for flags in ("--compile --cudagraphs", "--amp", "--preset beast --subproc", "--preset fast", "--preset heavy"):
         assert any(flags in r for r in training), flags
-    assert sum("--num-envs 4096" in r for r in training) == 2 and sum("--num-envs 65536" in r for r in training) == 2
+    assert sum("--num-envs 4096" in r for r in training) == 3 and sum("--num-envs 65536" in r for r in training) == 3
+    assert sum("--env-mode fused" in r for r in training) == 3
     res = cli("table", "--profile", "gpu", "--dry-run", "--only", "ppo_atari/eager")
     assert res.stdout.splitlines() == [
         "ppo_atari.py defaults (16 envs, Breakout), eager: python ppo_atari.py --env-id ALE/Breakout-v5 --gpu true "
