@@ -60,7 +60,8 @@ class Args:
     compile: bool = False
     """torch.compile the action step and the loss"""
     cudagraphs: bool = False
-    """CUDA graphs for the compiled action step and loss (torch.compile mode reduce-overhead; implies --compile)"""
+    """CUDA graphs: each training step as one graph (act, the fused env step, n-step, replay, update), or where it
+    cannot be (said at start), the compiled action step and loss (mode reduce-overhead); implies --compile"""
     amp: bool = False
     """bf16 autocast for the network's trunk (Q-values, targets and the loss stay fp32)"""
     micro_batch: str = "auto"
@@ -208,7 +209,9 @@ class VecSnake:
         self.ep_return = torch.zeros(self.n, device=self.device)
         # 4 plane-major observation buffers used in turn (final and next, two steps deep): no allocation per step,
         # and only the head and food marks of the buffer's last use need clearing
-        self._bufs = [torch.zeros(4, self.n, self.hw, dtype=torch.uint8, device=self.device) for _ in range(4)]
+        # (fused builds fresh observations instead)
+        num_bufs = 0 if self.mode == "fused" else 4
+        self._bufs = [torch.zeros(4, self.n, self.hw, dtype=torch.uint8, device=self.device) for _ in range(num_bufs)]
         self._row_base = torch.arange(self.n, device=self.device) * self.hw
         self._marks = [(self._row_base, self._row_base) for _ in range(4)]  # where each buffer has head and food
         self._turn = 0
@@ -220,7 +223,7 @@ class VecSnake:
         """Start every game afresh; returns the observation (N, 4, H, W) uint8."""
         self._reset_games(torch.ones(self.n, dtype=torch.bool, device=self.device))
         self._turn ^= 1
-        return self.observe(2 * self._turn + 1)
+        return self.observe(None if self.mode == "fused" else 2 * self._turn + 1)
 
     def observe(self, k=None, food_visible=None):
         """(N, 4, H, W) uint8 planes: head, body (head included), food, ages; a view of a fresh buffer or of ``k``."""
@@ -479,12 +482,14 @@ def epsilon_greedy(q_values, epsilon):
 class NStep:
     """Ring of the last n steps of N games; once full, each push emits the n-step transition that started n-1 pushes
     ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the true observation after that step,
-    whether it was a termination, and the bootstrap discount gamma^(steps used)."""
+    whether it was a termination, and the bootstrap discount gamma^(steps used). The ring's slot is a device counter
+    and every read an index_select, so a push makes no host sync and a CUDA graph can hold it."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, device):
         self.n = n
         self.gamma = gamma
-        self.t = 0  # steps pushed so far
+        self.t = 0  # steps pushed so far, on the host: the ring fills once, then every push emits
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)  # where the next push writes
         self.obs = torch.zeros(n, num_envs, *obs_shape, dtype=torch.uint8, device=device)
         self.next_obs = torch.zeros_like(self.obs)
         self.actions = torch.zeros(n, num_envs, dtype=torch.long, device=device)
@@ -495,39 +500,44 @@ class NStep:
 
     def push(self, obs, actions, rewards, next_obs, terminated, ended):
         """Add one step (next_obs: the true observation after it); returns an n-step batch, or None while filling."""
-        j = self.t % self.n
+        newest = self.slot.clone()
         for store, value in zip(self.fields, (obs, actions, rewards, next_obs, terminated, ended)):
-            store[j] = value
+            store.index_copy_(0, newest, value.unsqueeze(0))
+        self.slot.add_(1).remainder_(self.n)  # now the oldest step in the ring
         self.t += 1
         if self.t < self.n:
             return None
-        first = self.t % self.n  # the oldest step in the ring; j is the newest
+
+        def at(store, k):  # the ring's k-th oldest step of ``store``
+            return store.index_select(0, (self.slot + k) % self.n).squeeze(0)
+
         ret = torch.zeros_like(rewards)
         running = torch.ones_like(ended)  # no end seen yet
-        nxt = self.next_obs[j]
-        term = self.terminated[j]
+        nxt = self.next_obs.index_select(0, newest).squeeze(0)
+        term = self.terminated.index_select(0, newest).squeeze(0)
         disc = torch.full_like(rewards, self.gamma**self.n)
         for k in range(self.n):
-            i = (first + k) % self.n
-            ret += running * self.gamma**k * self.rewards[i]
-            stop = running & self.ended[i]
-            nxt = torch.where(stop.view(-1, 1, 1, 1), self.next_obs[i], nxt)
-            term = torch.where(stop, self.terminated[i], term)
+            ret += running * self.gamma**k * at(self.rewards, k)
+            stop = running & at(self.ended, k)
+            nxt = torch.where(stop.view(-1, 1, 1, 1), at(self.next_obs, k), nxt)
+            term = torch.where(stop, at(self.terminated, k), term)
             disc = torch.where(stop, self.gamma ** (k + 1), disc)
-            running &= ~self.ended[i]
-        return self.obs[first].clone(), self.actions[first].clone(), ret, nxt, term, disc
+            running &= ~at(self.ended, k)
+        return at(self.obs, 0), at(self.actions, 0), ret, nxt, term, disc
 
 
 class ReplayBuffer:
     """Preallocated replay memory of uint8 observations on the training device, or in pinned host memory
-    (``device`` cpu) with sampled batches moved to ``target`` by non-blocking copies."""
+    (``device`` cpu) with sampled batches moved to ``target`` by non-blocking copies. The write position and the
+    size are device tensors, so adding and sampling make no host sync and a CUDA graph can hold them."""
 
     def __init__(self, capacity, obs_shape, device, target):
         self.capacity = capacity
         self.device = device
         self.target = target
-        self.ptr = 0  # the next row to write
-        self.size = 0
+        self.ptr = torch.zeros((), dtype=torch.long, device=device)  # the next row to write
+        self.size = torch.zeros((), dtype=torch.long, device=device)
+        self.added = 0  # transitions added so far, on the host (exact until a CUDA graph takes over the adding)
         self.pin = device.type == "cpu" and target.type == "cuda"
         kw = dict(device=device, pin_memory=self.pin)
         self.obs = torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw)
@@ -544,12 +554,15 @@ class ReplayBuffer:
         idx = (torch.arange(n, device=self.device) + self.ptr) % self.capacity
         for store, value in zip(self.fields, batch):
             store.index_copy_(0, idx, value.to(self.device))
-        self.ptr = (self.ptr + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
+        self.ptr.add_(n).remainder_(self.capacity)
+        self.size.add_(n).clamp_(max=self.capacity)
+        self.added += n
 
     def sample(self, batch_size, generator=None):
-        """A uniform batch (with replacement), on the training device."""
-        idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=generator)
+        """A uniform batch (with replacement), on the training device. 62 random bits modulo the size: uniform to
+        within size / 2^62, and the size may stay on the device."""
+        bits = torch.randint(0, 2**62, (batch_size,), device=self.device, generator=generator)
+        idx = bits % self.size
         out = [store[idx] for store in self.fields]
         return [t.pin_memory().to(self.target, non_blocking=True) for t in out] if self.pin else out
 
@@ -689,13 +702,25 @@ if __name__ == "__main__":
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
 
     # ---------------- env and network
-    env = VecSnake(n, h, w, device=device, seed=args.seed, mode=args.env_mode)
+    env_mode = "fused" if args.cudagraphs and args.env_mode == "auto" else args.env_mode
+    # on a GPU the fused step draws from the device's default generator, whose state a CUDA graph advances
+    generator = torch.cuda.default_generators[device.index] if env_mode == "fused" and device.type == "cuda" else None
+    env = VecSnake(n, h, w, device=device, seed=args.seed, generator=generator, mode=env_mode)
     obs = env.reset()
     q_network = QNetwork(h, w, amp=args.amp).to(device)
     target_network = QNetwork(h, w, amp=args.amp).to(device)
     target_network.load_state_dict(q_network.state_dict())
     params = list(q_network.parameters())
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)
+    buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
+    graph_blockers = {  # why a training step cannot be one CUDA graph: each needs the host inside the step
+        f"--micro-batch {micro_batch} splits the batch of {args.batch_size}": micro_batch < args.batch_size,
+        "--buffer-device cpu puts the replay memory on the host": buffer_device != device,
+        f"--env-mode {env.mode}: only the fused step updates the games in place": env.mode != "fused",
+        "--target-network-frequency above 1 counts the updates on the host": args.target_network_frequency != 1,
+    }
+    blockers = [why for why, blocks in graph_blockers.items() if blocks]
+    use_graph = args.cudagraphs and not blockers
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True, capturable=use_graph)
     num_iterations = args.total_timesteps // n
     start_iteration = 0
     if ckpt:
@@ -716,7 +741,8 @@ if __name__ == "__main__":
 
     loss_fn = td_loss
     if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
-        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
+        # reduce-overhead: CUDA graphs of their own, unless the whole training step is one graph that holds them
+        mode = "reduce-overhead" if args.cudagraphs and not use_graph else "default"
         print(f"compile: the action step and the loss, mode {mode}")
         act = torch.compile(act, mode=mode)
         loss_fn = torch.compile(td_loss, mode=mode)
@@ -725,7 +751,6 @@ if __name__ == "__main__":
         return loss_fn(q_network, target_network, *data)
 
     # ---------------- storage: replay memory and the n-step ring on the device (replay: pinned host memory with cpu)
-    buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
     rb = ReplayBuffer(args.buffer_size, (4, h, w), buffer_device, device)
     nstep = NStep(args.n_step, args.gamma, n, (4, h, w), device)
     # on the device besides the Q-network and Adam: replay (unless on the host), target net, env and n-step obs
@@ -733,6 +758,8 @@ if __name__ == "__main__":
     resident += rb.fields if buffer_device == device else ()
     batch_bytes = args.batch_size * (8 * h * w + 17)
     resident_bytes = sum(t.nbytes for t in resident)
+    if env.mode == "fused":  # a step's fresh observations (final and next, uint8) and food draw (float32)
+        resident_bytes += n * h * w * (2 * 4 + 4)
     # activations: three forwards of a training batch, or one no-grad forward over every game to act, the larger
     rows = max(3 * args.batch_size, n)
     est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows)
@@ -763,10 +790,51 @@ if __name__ == "__main__":
     train_stats = torch.zeros(3, device=device)  # updates, td loss, q-value
     target_params = list(target_network.parameters())
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
+
+    def collect(obs, epsilon):
+        """Act on every game, step them all, push the step to the n-step ring and its n-step transition to the
+        replay memory, and add the finished games to ep_stats. Returns the next observations and game 0's last
+        observation and end (for a video)."""
+        actions = act(obs, epsilon)
+        next_obs, rewards, terminated, truncated, info = env.step(actions)
+        ended = terminated | truncated
+        batch = nstep.push(obs, actions, rewards, info["final_obs"], terminated, ended)
+        if batch is not None:
+            rb.add(*batch)
+        ended_f = ended.float()
+        ep_stats.add_(torch.stack([ended_f, *(info[k] * ended_f for k in episode_charts)]).sum(1))
+        return next_obs, info["final_obs"][0], ended[0]
+
+    def learning_step(obs, epsilon):
+        """collect, then --updates-per-step TD updates on replay samples (clipping, Adam, the target's Polyak step).
+        No host sync, so that under --cudagraphs the whole step is one captured CUDA graph; elsewhere it runs
+        eagerly."""
+        global micro_batch, num_updates  # the out-of-memory back-off may halve it (only in eager calls)
+        out = collect(obs, epsilon)
+        for _ in range(args.updates_per_step):
+            samples = rb.sample(args.batch_size)
+            stats, micro_batch = gpu_utils.accumulate_gradients(mb_loss, samples, micro_batch, params)
+            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            optimizer.step()
+            train_stats.add_(torch.cat([stats.new_ones(1), stats]))
+            num_updates += 1
+            if num_updates % args.target_network_frequency == 0:
+                with torch.no_grad():
+                    torch._foreach_lerp_(target_params, params, args.tau)
+        return out
+
+    learning_step_graph = gpu_utils.CudaGraph(learning_step, enabled=use_graph)
+    if args.cudagraphs:
+        print(
+            "training step: one CUDA graph (act, every game's step, n-step, replay, TD update, target)"
+            if use_graph
+            else f"training step: eager ({blockers[0]})"
+        )
     recorder = VideoRecorder(f"videos/{run_name}", fps=10) if args.capture_video else None
     video_frames = []  # game 0's observation after each step of this log window, and whether its game ended
     video_ends = []
     num_updates = 0
+    learning = False
     windows = []  # (env steps, seconds) of each log window; the first is warm-up
     train_start = time.time()
     window_start = time.perf_counter()
@@ -775,36 +843,21 @@ if __name__ == "__main__":
     monitor = gpu_utils.GPUMonitor(device).start()
     while iteration < num_iterations:
         epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * global_step / exploration_steps)
-        actions = act(obs, epsilon_t.fill_(epsilon))
-        next_obs, rewards, terminated, truncated, info = env.step(actions)
-        ended = terminated | truncated
-        batch = nstep.push(obs, actions, rewards, info["final_obs"], terminated, ended)
-        if batch is not None:
-            rb.add(*batch)
-        ended_f = ended.float()
-        ep_stats += torch.stack([ended_f, *(info[k] * ended_f for k in episode_charts)]).sum(1)
+        epsilon_t.fill_(epsilon)
+        # once on, learning stays on (a graph adds transitions without the host counting them)
+        learning = learning or (iteration >= learning_starts_iteration and rb.added >= args.batch_size)
+        rows = micro_batch
+        obs, final_obs, ended = learning_step_graph(obs, epsilon_t) if learning else collect(obs, epsilon_t)
+        if micro_batch != rows:
+            print(f"micro-batch: CUDA out of memory at {rows} rows, now {micro_batch} rows per backward pass")
+            writer.add_scalar("memory/micro_batch", micro_batch, global_step)
         if recorder is not None:  # game 0's frames stay on the device until the log window's one copy to the host
-            video_frames.append(info["final_obs"][0].clone())
-            video_ends.append(ended[0])
-        obs = next_obs
+            video_frames.append(final_obs.clone())
+            video_ends.append(ended.clone())
         iteration += 1
         global_step += n
         if cpu_share.update():  # another run started or ended: this run's share of the CPUs changed
             print(f"threads: {cpu_share.threads} ({cpu_share.why})")
-        if iteration >= learning_starts_iteration and rb.size >= args.batch_size:
-            for _ in range(args.updates_per_step):
-                stats, used = gpu_utils.accumulate_gradients(mb_loss, rb.sample(args.batch_size), micro_batch, params)
-                if used != micro_batch:
-                    print(f"micro-batch: CUDA out of memory at {micro_batch} rows, now {used} rows per backward pass")
-                    writer.add_scalar("memory/micro_batch", used, global_step)
-                micro_batch = used
-                nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                optimizer.step()
-                train_stats += torch.cat([stats.new_ones(1), stats])
-                num_updates += 1
-                if num_updates % args.target_network_frequency == 0:
-                    with torch.no_grad():
-                        torch._foreach_lerp_(target_params, params, args.tau)
 
         # ---------------- logging: one pull of scalars to the host per log window
         if iteration % log_interval == 0 or iteration == num_iterations or stop:

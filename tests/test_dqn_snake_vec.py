@@ -374,7 +374,7 @@ def test_replay_buffer_wraps_around():
     assert rb.rewards.tolist() == [5.0, 1.0, 2.0, 3.0, 4.0]
     assert rb.obs[:, 0, 0, 0].tolist() == [5, 1, 2, 3, 4] and rb.next_obs[0, 0, 0, 0] == 105
     assert rb.terminated.tolist() == [True, False, False, False, False]
-    assert (rb.ptr, rb.size) == (1, 5)
+    assert (int(rb.ptr), int(rb.size), rb.added) == (1, 5, 6)
     obs, actions, rewards, next_obs, term, disc = rb.sample(64, torch.Generator().manual_seed(0))
     assert torch.equal(obs[:, 0, 0, 0].long(), actions) and torch.equal(rewards, actions.float())
     assert set(actions.tolist()) <= {1, 2, 3, 4, 5}
@@ -471,6 +471,19 @@ def test_short_training_run_logs_saves_and_evaluates(tmp_path):
     res = run(["--eval-checkpoint", model, "--eval-episodes", 5], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "eval Snake6x6: mean return" in res.stdout and "over 5 episodes" in res.stdout
+
+
+def test_fused_env_mode_trains_exactly_as_dense_on_the_cpu(tmp_path):
+    """--env-mode fused plays dense's games (on the CPU from the same generator), so a run learns the same weights."""
+    args = [*SMALL, "--total-timesteps", 1024, "--save-model", "--height", 5, "--width", 5]
+    weights = {}
+    for mode in ("dense", "fused"):
+        (tmp_path / mode).mkdir()
+        res = run([*args, "--env-mode", mode], tmp_path / mode)
+        assert res.returncode == 0, res.stderr[-2000:]
+        (model,) = glob.glob(str(tmp_path / mode / "runs" / "*" / "dqn_snake_vec.model"))
+        weights[mode] = torch.load(model, weights_only=True)["model"]
+    assert all(torch.equal(weights["dense"][key], weights["fused"][key]) for key in weights["dense"])
 
 
 def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
