@@ -159,10 +159,11 @@ class VecSnake:
     torch.compile turns into a few kernels (``compile=False`` runs it eagerly).
 
     Bytes a fused step moves per game on an H x W board (C = H*W cells; 100 on 10 x 10; ages int8 up to 125 cells):
-    the state read and written, 2 x (C + 1 + 49) (ages with the wall cell; head, direction and food int64; length;
-    four int32/float counters); the food draw, 2 x 4C (C uniform floats written, then read: the argmax over empty
-    cells); the two observations written, 2 x 4C (final and next, uint8 planes); the outputs, about 20. That is
-    about 18C + 120 bytes: 1.9 KB on 10 x 10, of which the observations and the food draw are 85%.
+    the state read and written, 2 x (C + 42) (ages with the wall cell; head, direction and food int64; length int8;
+    four int32/float32 counters); the food draw, 2 x 4C (C uniform floats written, then read: the argmax over empty
+    cells); the reset draw, 2 x 8; the two observations written, 2 x 4C (final and next, uint8 planes); rewards, ends
+    and episode results, about 20. That is about 18C + 120 bytes: 1.9 KB on 10 x 10, of which the observations and
+    the food draw are 85%.
     """
 
     def __init__(self, num_envs, height=10, width=10, device="cpu", seed=0, generator=None, mode="auto", compile=True):
@@ -217,7 +218,8 @@ class VecSnake:
         self._turn = 0
         self._cells = torch.arange(self.hw, device=self.device)
         # fullgraph: a graph break would leave Python between the kernels, which is what fused removes
-        self._fused = torch.compile(self._step_tensors, fullgraph=True) if compile else self._step_tensors
+        fused = self.mode == "fused" and compile
+        self._fused = torch.compile(self._step_tensors, fullgraph=True) if fused else self._step_tensors
 
     def reset(self):
         """Start every game afresh; returns the observation (N, 4, H, W) uint8."""
@@ -248,7 +250,8 @@ class VecSnake:
     def step(self, actions):
         """Advance every game one step. Returns next_obs, reward, terminated, truncated, info: final_obs (before any
         reset), score (food eaten), length, episode_return, episode_length, as at the end of this step.
-        Observations are views of buffers that the env reuses two steps later: clone them to keep them longer.
+        Observations are views of buffers that the env reuses two steps later (fused: fresh tensors): clone them to
+        keep them longer.
         """
         if self.mode == "fused":  # the random numbers the dense step would draw, in its order: the same games
             food_noise = torch.rand(self.n, self.hw, device=self.device, generator=self.gen)
