@@ -498,7 +498,8 @@ def gpu_profile(force_cpu: bool) -> list[Setting]:
             for name, flags in [
                 ("eager", []),
                 ("--compile --cudagraphs", ["--compile", "--cudagraphs"]),
-                ("--compile --cudagraphs --env-mode fused", ["--compile", "--cudagraphs", "--env-mode", "fused"]),
+                # the step as before the whole-step graph: dense env, compiled pieces with graphs of their own
+                ("--compile --cudagraphs --env-mode dense", ["--compile", "--cudagraphs", "--env-mode", "dense"]),
             ]
         ]
     return atari + cont[:2] + dqn[4096] + cont[2:] + dqn[256] + dqn[65536]

@@ -217,7 +217,7 @@ def test_gpu_profile_rows():
     for flags in ("--compile --cudagraphs", "--amp", "--preset beast --subproc", "--preset fast", "--preset heavy"):
         assert any(flags in r for r in training), flags
     assert sum("--num-envs 4096" in r for r in training) == 3 and sum("--num-envs 65536" in r for r in training) == 3
-    assert sum("--env-mode fused" in r for r in training) == 3
+    assert sum("--env-mode dense" in r for r in training) == 3
     res = cli("table", "--profile", "gpu", "--dry-run", "--only", "ppo_atari/eager")
     assert res.stdout.splitlines() == [
         "ppo_atari.py defaults (16 envs, Breakout), eager: python ppo_atari.py --env-id ALE/Breakout-v5 --gpu true "
