@@ -77,6 +77,9 @@ class Args:
     """threads stepping the ale envs (0: the run's CPU threads, at most one per env), split between the halves"""
     overlap_envs: bool = True
     """step the envs in two halves, so that one half's envs play while the policy acts on the other half's"""
+    async_envs: int = 0
+    """asynchronous envs: the policy acts on the first N envs to finish a step while the others play, and each env
+    fills its own num_steps rows of the rollout (0: off; 1 <= N < num_envs; --overlap-envs then has no effect)"""
     max_episode_frames: int = 108_000
     """emulator frames after which a game is cut short (truncated, not over); v5's 108,000 is 30 minutes"""
     channels_last: bool = True
@@ -125,12 +128,14 @@ RUNTIME_FLAGS |= {"overlap_envs"}
 
 
 # ---------------------------------------------------------------- environment
-def make_envs(args, num_envs: int, env_threads: int):
+def make_envs(args, num_envs: int, env_threads: int, batch_size: int = 0):
     """ale-py's C++ vector env stepped by threads: v5 semantics, raw rewards, game-over terminals, SameStep autoreset
-    (the last observation of a finished game is in info["final_obs"])."""
+    (the last observation of a finished game is in info["final_obs"]). ``batch_size`` < num_envs: reset and recv
+    hand back the first batch_size envs to finish, named by info["env_id"] (0: every env, in order)."""
     return ale_py.AtariVectorEnv(
         gym.spec(args.env_id).kwargs["game"],
         num_envs,
+        batch_size=batch_size,
         repeat_action_probability=0.25,
         full_action_space=False,
         num_threads=min(env_threads, num_envs),
@@ -153,21 +158,21 @@ def make_envs(args, num_envs: int, env_threads: int):
 class EpisodeTracker:
     """Full-game accounting, vectorised. `step` returns rewards clipped to [-1, 1], the learning dones (a lost life is
     one), which games ended (terminated or truncated), and every env's raw score over all lives and length in agent
-    steps so far: a finished game's result where it ended."""
+    steps so far: a finished game's result where it ended. ``rows``: the envs the results are of (default: all)."""
 
     def __init__(self, num_envs: int, lives: np.ndarray):
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.lives = np.array(lives)
 
-    def step(self, rewards, terminated, truncated, lives):
+    def step(self, rewards, terminated, truncated, lives, rows=slice(None)):
         game_over = terminated | truncated
-        life_lost = (lives < self.lives) & ~game_over
-        self.lives = np.array(lives)  # after a game over these are the new game's lives (SameStep reset)
-        scores = self.returns + rewards
-        lengths = self.lengths + 1
-        self.returns = np.where(game_over, 0.0, scores)
-        self.lengths = np.where(game_over, 0, lengths)
+        life_lost = (lives < self.lives[rows]) & ~game_over
+        self.lives[rows] = lives  # after a game over these are the new game's lives (SameStep reset)
+        scores = self.returns[rows] + rewards
+        lengths = self.lengths[rows] + 1
+        self.returns[rows] = np.where(game_over, 0.0, scores)
+        self.lengths[rows] = np.where(game_over, 0, lengths)
         clipped = np.clip(rewards, -1, 1).astype(np.float32)
         return clipped, game_over | life_lost, game_over, scores, lengths
 
@@ -203,6 +208,98 @@ class VideoRecorder:
 def agent_view(obs: np.ndarray) -> np.ndarray:
     """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a video."""
     return np.repeat(np.repeat(obs[-1], 2, 0), 2, 1)[..., None].repeat(3, -1)
+
+
+class AsyncRollout:
+    """--async-envs: one vector env of N envs whose recv() hands back the first B to finish a step (make_envs with
+    batch_size B), so the policy acts on those B while the other N - B play. Each env has its own time index: its
+    steps fill its own column of the (num_steps, N) rollout in the order it played them, with the done flags that
+    go with them, so compute_gae runs on it unchanged (next_obs[e]: the observation after env e's last stored step).
+
+    ale-py's send() acts on exactly the B envs of the last recv() (it takes no env ids) and recv() waits for B
+    results, so N - B envs are always playing and none can be held back. Hence two kinds of steps are played but not
+    stored: an env whose column is full keeps playing (the policy acts on it) until every column is full, and the
+    step each of the N - B envs plays across the update was acted on by the previous policy. Every stored step was
+    acted on by the policy the update starts from, and every env stores exactly num_steps per rollout. `discarded`
+    is the share of the rollout's played steps not stored; `games` holds the (score, length) of the games that
+    ended, stored or not.
+    """
+
+    def __init__(self, envs, seed: int, storage):
+        self.envs = envs
+        # device: obs, actions, logprobs, values (T, N) and next_obs (N); host: rewards (T, N) and dones (T + 1, N)
+        self.obs, self.actions, self.logprobs, self.values, self.next_obs, self.rewards, self.dones = storage
+        self.num_steps = self.rewards.shape[0]
+        num_envs = envs.num_envs
+        self.held_obs, info = envs.reset(seed=seed)  # env i gets seed + i; the first B resets come back here
+        self.held_ids = info["env_id"]
+        self.tracker = EpisodeTracker(num_envs, np.zeros(num_envs, dtype=info["lives"].dtype))
+        self.tracker.lives[self.held_ids] = info["lives"]  # the others' lives come with their resets from recv()
+        self.playing = np.zeros(num_envs, dtype=bool)  # an action is in flight
+        self.storing = np.zeros(num_envs, dtype=bool)  # and its step goes to row count[e] of the rollout
+        self.count = np.zeros(num_envs, dtype=np.int64)  # steps stored this rollout
+        self.obs_done = np.zeros(num_envs, dtype=np.float32)  # the latest observation starts a new episode
+        self.games = []
+        self.discarded = 0.0
+
+    def collect(self, act, bootstrap, recorder=None) -> list[str]:
+        """Play until every env has stored num_steps steps; returns the paths of the videos written. act(host obs)
+        -> device (obs, actions, log-probs, values); bootstrap(final_obs, truncated, terminated) -> gamma * V(final
+        obs) where the frame cap cut a game short, else 0."""
+        device = self.obs.device
+        self.count[:] = 0  # the steps still in flight were sent when their envs' columns were full: none is stored
+        self.games = []
+        videos = []
+        played = 0
+        while True:
+            ids = self.held_ids
+            x, action, logprob, value = act(self.held_obs)
+            self.envs.send(action.cpu().numpy())
+            self.playing[ids] = True
+            self.storing[ids] = self.count[ids] < self.num_steps
+            keep = np.flatnonzero(self.storing[ids])
+            env = ids[keep]
+            row = self.count[env]
+            first = env[row == 0]
+            self.dones[0, first] = self.obs_done[first]  # whether an env's first stored observation starts an episode
+            at = (torch.as_tensor(row, device=device), torch.as_tensor(env, device=device))
+            pick = torch.as_tensor(keep, device=device)
+            for storage, new in zip((self.obs, self.actions, self.logprobs, self.values), (x, action, logprob, value)):
+                storage[at] = new[pick]
+            obs, reward, terminated, truncated, info = self.envs.recv()
+            ids = info["env_id"]
+            self.held_obs, self.held_ids = obs, ids
+            fresh = ~self.playing[ids]  # a reset's first observation, not a step
+            self.tracker.lives[ids[fresh]] = info["lives"][fresh]
+            done = np.flatnonzero(~fresh)
+            env = ids[done]
+            self.playing[env] = False
+            played += len(done)
+            clipped, learn_done, over, scores, lengths = self.tracker.step(
+                reward[done], terminated[done], truncated[done], info["lives"][done], rows=env
+            )
+            self.obs_done[env] = learn_done
+            self.games += zip(scores[over].tolist(), lengths[over].tolist())
+            if recorder is not None and (env == 0).any():
+                k = int(np.argmax(env == 0))
+                video = recorder.add(agent_view(obs[done[k]]), bool(over[k]))
+                videos += [video] if video else []
+            stored = np.flatnonzero(self.storing[env])
+            env, pos = env[stored], done[stored]
+            row = self.count[env]
+            self.rewards[row, env] = clipped[stored]
+            if truncated[pos].any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+                self.rewards[row, env] += bootstrap(info["final_obs"][pos], truncated[pos], terminated[pos])
+            self.dones[row + 1, env] = learn_done[stored]
+            self.count[env] += 1
+            self.storing[env] = False
+            full = self.count[env] == self.num_steps
+            if full.any():  # the observation after the env's last stored step: GAE bootstraps from its value
+                self.next_obs[torch.as_tensor(env[full], device=device)] = torch.as_tensor(obs[pos[full]]).to(device)
+            if (self.count == self.num_steps).all():
+                break
+        self.discarded = 1.0 - self.count.sum() / max(played, 1)
+        return videos
 
 
 # ---------------------------------------------------------------- network
@@ -368,6 +465,9 @@ if __name__ == "__main__":
             ),
             f"--gae-lambda {args.gae_lambda} must be in [0, 1]": 0.0 <= args.gae_lambda <= 1.0,
             "--num-envs, --num-steps, --update-epochs, --eval-episodes, --max-episode-frames: >= 1": min(sizes) >= 1,
+            f"--async-envs {args.async_envs}: 0 (off), or a batch from 1 to --num-envs - 1 ({args.num_envs - 1})": (
+                args.async_envs == 0 or 1 <= args.async_envs < args.num_envs
+            ),
         }
         failed = [message for message, ok in checks.items() if not ok]
         if failed:
@@ -421,7 +521,7 @@ if __name__ == "__main__":
         print(f"eval {args.env_id}: mean return {scores.mean():.2f} +- {scores.std():.2f} over {len(scores)} episodes")
         sys.exit(0)
     # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on the other half's
-    num_groups = 2 if args.overlap_envs and args.num_envs >= 2 else 1
+    num_groups = 2 if args.overlap_envs and args.num_envs >= 2 and not args.async_envs else 1
     env_rows = [
         slice(g * args.num_envs // num_groups, (g + 1) * args.num_envs // num_groups) for g in range(num_groups)
     ]
@@ -429,6 +529,8 @@ if __name__ == "__main__":
         print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}, {world_size} process(es)")
         print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, {env_threads} stepping the envs")
         halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
+        if args.async_envs:
+            halves = f"one group; the policy acts on the first {args.async_envs} to finish (--overlap-envs: no effect)"
         print(f"envs: {args.num_envs}, stepped in {halves}")
         print("config:")
         for key, value in vars(args).items():
@@ -459,7 +561,7 @@ if __name__ == "__main__":
 
     # ---------------- env and network
     group_threads = max(1, env_threads // num_groups)
-    env_groups = [make_envs(args, rows.stop - rows.start, group_threads) for rows in env_rows]
+    env_groups = [make_envs(args, rows.stop - rows.start, group_threads, args.async_envs) for rows in env_rows]
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     agent = Agent(env_groups[0].single_action_space.n, args.amp).to(device, memory_format=memory_format)
     params = list(agent.parameters())
@@ -498,6 +600,15 @@ if __name__ == "__main__":
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
+
+    def act(batch_obs):  # --async-envs: the action step on the observations of the envs that recv() handed back
+        x = torch.as_tensor(batch_obs).to(device)
+        if args.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return x, *policy_step(x)
+
+    def cap_bootstrap(final_obs, truncated, terminated):  # --async-envs: gamma * V(last obs) of games the cap cut
+        return args.gamma * final_values(agent, final_obs, truncated, terminated, device)
 
     # ---------------- storage: rollout on the device, pinned host staging buffers
     obs_shape = env_groups[0].single_observation_space.shape
@@ -579,10 +690,14 @@ if __name__ == "__main__":
     host_rewards_np = host_rewards.numpy()
     host_dones_np = host_dones.numpy()
     trackers = []
-    for rows, envs in zip(env_rows, env_groups):  # env i gets seed env_seed + i however the envs are grouped
+    for rows, envs in zip(env_rows, env_groups if not args.async_envs else []):  # env i gets seed env_seed + i
         host_obs_np[rows], info = envs.reset(seed=env_seed + rows.start)
         trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
     next_obs = host_obs.to(device, non_blocking=True, copy=True)
+    rollout = None
+    if args.async_envs:  # one vector env that hands back the first envs to finish; it resets them itself
+        storage = (obs, actions, logprobs, values, next_obs, host_rewards_np, host_dones_np)
+        rollout = AsyncRollout(env_groups[0], env_seed, storage)
     recorder = VideoRecorder(f"videos/{run_name}", fps=15) if args.capture_video and is_main else None
     in_flight = collections.deque()  # (step, group) of the actions the envs are playing
     recent_returns = []
@@ -599,36 +714,41 @@ if __name__ == "__main__":
             lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
         learning_rate.fill_(lr_now)
         host_dones[0] = host_dones[args.num_steps]  # carry next_done into step 0
-        for step in range(args.num_steps):
-            for group, rows in enumerate(env_rows):
-                obs[step, rows] = next_obs[rows]
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
-                # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
-                env_groups[group].send(actions[step, rows].cpu().numpy())
-                in_flight.append((step, group))
-                last = step == args.num_steps - 1 and group == num_groups - 1
-                while in_flight and (len(in_flight) == num_groups or last):  # the other group's envs keep playing
-                    t, g = in_flight.popleft()
-                    r = env_rows[g]
-                    host_obs_np[r], reward, terminated, truncated, info = env_groups[g].recv()
-                    next_obs[r].copy_(host_obs[r], non_blocking=True)
-                    outcome = trackers[g].step(reward, terminated, truncated, info["lives"])
-                    (
-                        host_rewards_np[t, r],
-                        host_dones_np[t + 1, r],
-                        game_over[t, r],
-                        game_scores[t, r],
-                        game_lengths[t, r],
-                    ) = outcome
-                    if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
-                        bootstrap = final_values(agent, info["final_obs"], truncated, terminated, device)
-                        host_rewards_np[t, r] += args.gamma * bootstrap
-                    if recorder is not None and g == 0:
-                        video = recorder.add(agent_view(host_obs_np[0]), bool(game_over[t, 0]))
-                        if video and args.track:
-                            wandb.log({"videos": wandb.Video(video)}, commit=False)
+        if rollout is not None:  # --async-envs: each env fills its own column, in the order the envs finish
+            for video in rollout.collect(act, cap_bootstrap, recorder):  # the videos of env 0 it wrote
+                if args.track:
+                    wandb.log({"videos": wandb.Video(video)}, commit=False)
+        else:
+            for step in range(args.num_steps):
+                for group, rows in enumerate(env_rows):
+                    obs[step, rows] = next_obs[rows]
+                    if args.cudagraphs:
+                        torch.compiler.cudagraph_mark_step_begin()
+                    actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
+                    # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
+                    env_groups[group].send(actions[step, rows].cpu().numpy())
+                    in_flight.append((step, group))
+                    last = step == args.num_steps - 1 and group == num_groups - 1
+                    while in_flight and (len(in_flight) == num_groups or last):  # the other group's envs keep playing
+                        t, g = in_flight.popleft()
+                        r = env_rows[g]
+                        host_obs_np[r], reward, terminated, truncated, info = env_groups[g].recv()
+                        next_obs[r].copy_(host_obs[r], non_blocking=True)
+                        outcome = trackers[g].step(reward, terminated, truncated, info["lives"])
+                        (
+                            host_rewards_np[t, r],
+                            host_dones_np[t + 1, r],
+                            game_over[t, r],
+                            game_scores[t, r],
+                            game_lengths[t, r],
+                        ) = outcome
+                        if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+                            bootstrap = final_values(agent, info["final_obs"], truncated, terminated, device)
+                            host_rewards_np[t, r] += args.gamma * bootstrap
+                        if recorder is not None and g == 0:
+                            video = recorder.add(agent_view(host_obs_np[0]), bool(game_over[t, 0]))
+                            if video and args.track:
+                                wandb.log({"videos": wandb.Video(video)}, commit=False)
         global_step += args.batch_size
 
         # ---------------- advantages
@@ -680,11 +800,14 @@ if __name__ == "__main__":
         if cpu_share.update() and is_main:  # another run started or ended: this run's share of the CPUs changed
             print(f"threads: {cpu_share.threads} ({cpu_share.why})")
         if is_main:
-            for score, length in zip(game_scores[game_over], game_lengths[game_over]):
+            games = zip(game_scores[game_over], game_lengths[game_over]) if rollout is None else rollout.games
+            for score, length in games:
                 writer.add_scalar("charts/episodic_return", score, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
                 recent_returns = (recent_returns + [score])[-20:]
             scalars = {"charts/learning_rate": lr_now, "threads/torch": cpu_share.threads, **monitor.collect()}
+            if rollout is not None:  # the share of the steps played that the update did not get (AsyncRollout)
+                scalars["charts/discarded_steps"] = rollout.discarded
             scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
             sps = args.batch_size / iteration_times[-1]
             if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
