@@ -208,11 +208,12 @@ def test_gpu_profile_rows():
     res = cli("table", "--profile", "gpu", "--force-cpu", "--dry-run")
     assert res.returncode == 0, res.stderr
     rows = res.stdout.splitlines()
-    assert sum(r.startswith("AtariVectorEnv") for r in rows) == 3  # 16, 64, 128 envs
+    assert sum(r.startswith("AtariVectorEnv") for r in rows) == 4  # 16, 64, 128 envs, and 16 in async batches of 8
     assert sum(r.startswith("VecSnake") for r in rows) == 2 * 11  # 2^12 ... 2^22, dense and fused
     assert sum(r.startswith("VecSnake fused") for r in rows) == 11
     training = [r for r in rows if ": python " in r]
-    assert len(training) == 4 + 5 + 9
+    assert len(training) == 5 + 5 + 9
+    assert sum("--async-envs 8" in r for r in training) == 1
     assert all("--gpu false" in r for r in training)  # --force-cpu
     for flags in ("--compile --cudagraphs", "--amp", "--preset beast --subproc", "--preset fast", "--preset heavy"):
         assert any(flags in r for r in training), flags
@@ -234,10 +235,13 @@ def test_gpu_targets_as_ratios():
         "ppo_atari/eager": r("eager", 4_000.0, peak_mib=100, estimated_mib=80),
         "ppo_atari/--compile --cudagraphs": r("cudagraphs", 8_000.0, peak_mib=500, estimated_mib=100),
         "dqn_snake_vec/4096/eager": r("dqn", 2e6, status="timed out after 240 s"),  # not ok: not counted
+        "ceiling/atari-async/16": r("async ceiling", 12_000.0),
+        "ppo_atari-async/fastest": r("async", 9_000.0),
     }
     text = "\n".join(speed.gpu_targets(results))
     assert "(cudagraphs): 8,000 SPS = 0.80x the 10,000 SPS target; 80% of the raw AtariVectorEnv ceiling" in text
     assert "1.17x LeanRL's published 6,809 SPS (pytorch-labs/LeanRL README" in text
+    assert "- ppo_atari.py --async-envs 8 (async): 9,000 SPS = 75% of the same envs' async ceiling (12,000)" in text
     assert "VecSnake raw: best 500,000,000 env steps/s = 0.50x the 1e9 target (snake big)" in text
     assert "--preset beast: not measured" in text and "at 4096 games: not measured" in text
     assert "within 2x of the measured peak: 1 of 2 runs; outside: cudagraphs (5.00x)" in text
