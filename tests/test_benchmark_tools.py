@@ -28,15 +28,20 @@ def test_profile_atari_times_every_phase_and_predicts_sps(tmp_path):
         "rollout, 2 overlapped halves of 1 envs (eager)",
         "update (eager, Adam foreach), 2 x 4 minibatches",
     ]:
-        assert re.search(re.escape(phase) + r".* \| [\d.]+ \|", text), phase  # fmt: skip
+        assert re.search(re.escape(phase) + r".* \| [\d.]+ \|", text), phase
     # one prediction per (rollout, update) pair: 2 rollouts x 1 update on a CPU without compile
     predictions = re.findall(r"^\| eager(?:, 2 halves)? \| eager, Adam foreach \| ([\d,]+) \|", text, re.M)
     assert len(predictions) == 2 and all(int(p.replace(",", "")) > 0 for p in predictions)
 
 
 def test_gpu_check_refuses_an_unknown_step():
-    res = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), "nope"], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "LOGS": "/tmp/gpu_check_test"})  # fmt: skip
+    res = subprocess.run(
+        ["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LOGS": "/tmp/gpu_check_test"},
+    )
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
     assert "unknown step 'nope'" in res.stderr and "collect DIR" in res.stderr
 
@@ -112,8 +117,13 @@ def test_gpu_check_atari_dry_run_seeds_runs_and_shows_what_resumes(tmp_path):
 
 def test_gpu_check_atari_without_games_is_a_one_line_error(tmp_path):
     for steps in [["atari"], ["atari", ""]]:
-        res = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), *steps], capture_output=True,
-                             text=True, timeout=60, env={**os.environ, "LOGS": str(tmp_path)})  # fmt: skip
+        res = subprocess.run(
+            ["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), *steps],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "LOGS": str(tmp_path)},
+        )
         assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
         assert "atari needs games" in res.stderr and "unknown step" not in res.stderr
 
@@ -131,8 +141,13 @@ def test_gpu_check_wait_reports_every_started_job_and_each_runs_newest_iteration
         "episodic return 12\n"
     )
     (logs / "atari" / "001_ALE_Pong-v5_seed=1_lambda=0.95.log").write_text("# slot 1: ppo_atari.py\n")
-    res = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), "wait", "1"], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "LOGS": str(logs)})  # fmt: skip
+    res = subprocess.run(
+        ["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), "wait", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LOGS": str(logs)},
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "table still running" in out and "atari finished, exit 0" in out

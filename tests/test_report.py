@@ -56,17 +56,45 @@ def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     runs = tmp / "runs"
     # Two finished Breakout seeds: 150 episodes each, last-100 means 99.5 and 109.5 -> 104.5 +- 7.1 (ddof=1).
-    write_run(runs, "ALE_Breakout-v5__ppo_atari__1__1700000000", returns=list(range(150)),
-              sps=[100, 200, 900], sps_steps=[5000, 10000, 15000], total=15000, dt=1.0)  # fmt: skip
-    write_run(runs, "ALE_Breakout-v5__ppo_atari__2__1700000001", returns=[i + 10 for i in range(150)],
-              sps=[300, 300, 300], sps_steps=[5000, 10000, 15000], total=15000, dt=1.0)  # fmt: skip
+    write_run(
+        runs,
+        "ALE_Breakout-v5__ppo_atari__1__1700000000",
+        returns=list(range(150)),
+        sps=[100, 200, 900],
+        sps_steps=[5000, 10000, 15000],
+        total=15000,
+        dt=1.0,
+    )
+    write_run(
+        runs,
+        "ALE_Breakout-v5__ppo_atari__2__1700000001",
+        returns=[i + 10 for i in range(150)],
+        sps=[300, 300, 300],
+        sps_steps=[5000, 10000, 15000],
+        total=15000,
+        dt=1.0,
+    )
     # A run in progress: 5,000 of 100,000 steps, events written in the last minute, 30 episodes.
     now = time.time()
-    write_run(runs, "ALE_Pong-v5__ppo_atari__1__1700000002", returns=[-21.0] * 10 + [-20.0] * 20,
-              sps=[50], sps_steps=[5000], total=100000, t0=now - 60, dt=1.0)  # fmt: skip
+    write_run(
+        runs,
+        "ALE_Pong-v5__ppo_atari__1__1700000002",
+        returns=[-21.0] * 10 + [-20.0] * 20,
+        sps=[50],
+        sps_steps=[5000],
+        total=100000,
+        t0=now - 60,
+        dt=1.0,
+    )
     # A run with no finished episode yet (only SPS logged).
-    write_run(runs, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003", sps=[1234, 1234],
-              sps_steps=[8192, 16384], total=1000000, t0=now - 30)  # fmt: skip
+    write_run(
+        runs,
+        "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003",
+        sps=[1234, 1234],
+        sps_steps=[8192, 16384],
+        total=1000000,
+        t0=now - 30,
+    )
     # Not a run directory name: skipped.
     write_run(runs, "scratch", returns=[1.0])
     refs = tmp / "refs.csv"
@@ -123,8 +151,11 @@ def test_report_references_side_by_side(report):
     """Each env's references in one section: the env each was measured on (ours or not) and the protocol."""
     _, out = report
     refs = (out / "report.md").read_text().split("## References")[1].split("## Learning curves")[0]
-    assert table_row(refs, "ALE_Breakout-v5", "274.8")[2:] == ["test paper", "BreakoutNoFrameskip-v4 (not ours)",
-                                                               "v4 protocol"]  # fmt: skip
+    assert table_row(refs, "ALE_Breakout-v5", "274.8")[2:] == [
+        "test paper",
+        "BreakoutNoFrameskip-v4 (not ours)",
+        "v4 protocol",
+    ]
     assert table_row(refs, "ALE_Breakout-v5", "326.5")[2:] == ["test lab", "same as ours", "v5 protocol"]
     assert table_row(refs, "HalfCheetah-v5", "1442.6")[3:] == ["HalfCheetah-v4 (not ours)", "-"]
     assert "ALE_Pong-v5" not in refs  # no reference for Pong in this file
@@ -226,11 +257,18 @@ def test_report_joins_a_run_resumed_on_other_machines(tmp_path):
     kept steps only, the wall time leaves out the gaps, and SPS is given per device."""
     run_dir = tmp_path / "runs" / "ALE_Breakout-v5__ppo_atari__1__1700000000"
     cpu = "CPU Test Model, 2 cores"
-    write_segment(run_dir, 0, [(100 * k, 1.0) for k in range(1, 11)], [(500, 1000.0), (1000, 1000.0)], 1000.0,
-                  gpu_samples=True)  # fmt: skip
+    write_segment(
+        run_dir, 0, [(100 * k, 1.0) for k in range(1, 11)], [(500, 1000.0), (1000, 1000.0)], 1000.0, gpu_samples=True
+    )
     # crashed at 1,500; its checkpoint was at 1,200: the returns and SPS after 1,200 are lost (and worth 100 each)
-    write_segment(run_dir, 1000, [(1100, 100.0), (1200, 100.0), (1300, 100.0), (1400, 100.0), (1500, 100.0)],
-                  [(1100, 80.0), (1500, 100.0)], 5000.0, device=cpu)  # fmt: skip
+    write_segment(
+        run_dir,
+        1000,
+        [(1100, 100.0), (1200, 100.0), (1300, 100.0), (1400, 100.0), (1500, 100.0)],
+        [(1100, 80.0), (1500, 100.0)],
+        5000.0,
+        device=cpu,
+    )
     write_segment(run_dir, 1200, [(100 * k, 2.0) for k in range(13, 21)], [(2000, 50.0)], 20000.0, device=cpu)
     write_checkpoint(run_dir, "stopped", 2000, 4000)
     res = run_report(tmp_path / "runs", "--out", tmp_path / "out")

@@ -23,8 +23,11 @@ torch = pytest.importorskip("torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmark")
 CLUSTER = os.path.join(BENCH, "slurm", "local_cluster.sh")
-MISSING = [tool for tool in ("sbatch", "squeue", "scontrol", "scancel", "slurmctld", "slurmd", "munged")
-           if shutil.which(tool) is None]  # fmt: skip
+MISSING = [
+    tool
+    for tool in ("sbatch", "squeue", "scontrol", "scancel", "slurmctld", "slurmd", "munged")
+    if shutil.which(tool) is None
+]
 INSTALL = "install SLURM as root with: benchmark/slurm/local_cluster.sh install"
 
 pytestmark = [
@@ -36,8 +39,16 @@ pytestmark = [
 ATARI_TINY = ["--num-envs", "2", "--num-steps", "16", "--minibatch-size", "16", "--total-timesteps", "128"]
 SNAKE_TINY = ["--total-timesteps", "256", "--learning-starts", "64", "--batch-size", "32", "--buffer-size", "2048"]
 # env steps only (learning would start after the end): seconds, far longer than a SIGTERM takes to arrive
-SNAKE_LONGER = ["--total-timesteps", "40000", "--learning-starts", "100000000", "--buffer-size", "20000",
-                "--checkpoint-every", "100"]  # fmt: skip
+SNAKE_LONGER = [
+    "--total-timesteps",
+    "40000",
+    "--learning-starts",
+    "100000000",
+    "--buffer-size",
+    "20000",
+    "--checkpoint-every",
+    "100",
+]
 
 
 def pid_alive(pid):
@@ -58,8 +69,11 @@ NOT_PASSED += ("SEEDS", "RESUME_EXISTING", "SWEEP_PYTHON")
 def cluster(tmp_path_factory):
     """Start the cluster in a temp dir; yield the environment that reaches it; stop exactly its daemons."""
     state = tmp_path_factory.mktemp("slurm")
-    env = {k: v for k, v in os.environ.items()
-           if k not in NOT_PASSED and not k.startswith(("SLURM_", "SBATCH_", "OMP_", "MKL_"))}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in NOT_PASSED and not k.startswith(("SLURM_", "SBATCH_", "OMP_", "MKL_"))
+    }
     res = subprocess.run(["bash", CLUSTER, "start", str(state)], env=env, capture_output=True, text=True, timeout=600)
     pid_files = [state / "slurmctld.pid", state / "slurmd.pid", state / "munge" / "munged.pid"]
     pids = [int(p.read_text()) for p in pid_files if p.exists() and p.read_text().strip().isdigit()]
@@ -139,10 +153,36 @@ def free_port():
 
 def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
     """Two Atari games x one seed and one Snake run as job arrays: every run logs to TensorBoard, report.py reads it."""
-    atari = submit(repo, cluster, "ppo_atari.sh", "--games", "Pong Breakout", "--seeds", "1", "--log-dir", "logs/atari",
-                   "--", *ATARI_TINY, "--no-progress-bar")  # fmt: skip
-    snake = submit(repo, cluster, "dqn_snake.sh", "--sizes", "6", "--num-envs", "8", "--seeds", "1", "--log-dir",
-                   "logs/snake", "--", *SNAKE_TINY, "--no-progress-bar")  # fmt: skip
+    atari = submit(
+        repo,
+        cluster,
+        "ppo_atari.sh",
+        "--games",
+        "Pong Breakout",
+        "--seeds",
+        "1",
+        "--log-dir",
+        "logs/atari",
+        "--",
+        *ATARI_TINY,
+        "--no-progress-bar",
+    )
+    snake = submit(
+        repo,
+        cluster,
+        "dqn_snake.sh",
+        "--sizes",
+        "6",
+        "--num-envs",
+        "8",
+        "--seeds",
+        "1",
+        "--log-dir",
+        "logs/snake",
+        "--",
+        *SNAKE_TINY,
+        "--no-progress-bar",
+    )
     assert wait_job(cluster, atari, 300) == {0: ("COMPLETED", "0:0"), 1: ("COMPLETED", "0:0")}
     assert wait_job(cluster, snake, 300) == {0: ("COMPLETED", "0:0")}
 
@@ -166,12 +206,20 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
     assert "fix what sbatch names and run the sweep again" in last
     assert f" {atari} sbatch --parsable " in (repo / "logs" / "atari" / "submissions.txt").read_text()
 
-    res = subprocess.run([sys.executable, str(repo / "benchmark" / "report.py"), "runs", "--out", "report"], cwd=repo,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, str(repo / "benchmark" / "report.py"), "runs", "--out", "report"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     table = (repo / "report" / "report.md").read_text()
-    for exp, env, steps in [("ppo_atari", "ALE_Pong-v5", "128"), ("ppo_atari", "ALE_Breakout-v5", "128"),
-                            ("dqn_snake_vec_n8", "Snake6x6", "256")]:  # fmt: skip
+    for exp, env, steps in [
+        ("ppo_atari", "ALE_Pong-v5", "128"),
+        ("ppo_atari", "ALE_Breakout-v5", "128"),
+        ("dqn_snake_vec_n8", "Snake6x6", "256"),
+    ]:
         rows = [line for line in table.splitlines() if f"| {exp} | {env} |" in line]
         assert len(rows) == 1, table
         assert [c.strip() for c in rows[0].strip("|").split("|")][4] == steps, rows[0]
@@ -186,8 +234,22 @@ def test_scancel_then_resume_existing(cluster, repo):
     torch.save(
         {"args": {"total_timesteps": 40000}, "status": "finished", "global_step": 40000}, done_dir / "checkpoint.pt"
     )
-    args = ["--sizes", "5", "--num-envs", "8", "--seeds", "1 2 3", "--max-parallel", "1", "--resume-existing",
-            "--log-dir", "logs/stop", "--", *SNAKE_LONGER, "--no-progress-bar"]  # fmt: skip
+    args = [
+        "--sizes",
+        "5",
+        "--num-envs",
+        "8",
+        "--seeds",
+        "1 2 3",
+        "--max-parallel",
+        "1",
+        "--resume-existing",
+        "--log-dir",
+        "logs/stop",
+        "--",
+        *SNAKE_LONGER,
+        "--no-progress-bar",
+    ]
     logs = repo / "logs" / "stop"
     job = submit(repo, cluster, "dqn_snake.sh", *args)
     log1 = logs / "001_Snake5x5_n=8_seed=2.log"
@@ -228,9 +290,22 @@ def test_multinode_template_runs_ddp(cluster, repo):
     template = repo / "benchmark" / "slurm" / "ppo_atari_multinode.sbatch"
     env = {**cluster, "NPROC_PER_NODE": "2", "RDZV_PORT": str(free_port())}
     cpus = min(2, len(os.sched_getaffinity(0)))  # what the one node has, up to one per process
-    cmd = ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", f"--cpus-per-task={cpus}", "--time=10",
-           "--output=ddp_%j.out", str(template), "--env-id", "ALE/Pong-v5", *ATARI_TINY, "--seed", "7",
-           "--no-progress-bar"]  # fmt: skip
+    cmd = [
+        "sbatch",
+        "--parsable",
+        "--nodes=1",
+        "--gpus-per-node=0",
+        f"--cpus-per-task={cpus}",
+        "--time=10",
+        "--output=ddp_%j.out",
+        str(template),
+        "--env-id",
+        "ALE/Pong-v5",
+        *ATARI_TINY,
+        "--seed",
+        "7",
+        "--no-progress-bar",
+    ]
     res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().split(";")[0]

@@ -25,16 +25,35 @@ sys.path.remove(BENCH)
 
 # the smallest settings that still log SPS at least once (two iterations or log windows)
 TINY = {
-    "ppo_atari.py": (16, ["--env-id", "ALE/Pong-v5", "--num-envs", "1", "--num-steps", "8", "--minibatch-size", "8",
-                          "--update-epochs", "1"]),
+    "ppo_atari.py": (
+        16,
+        [
+            "--env-id",
+            "ALE/Pong-v5",
+            "--num-envs",
+            "1",
+            "--num-steps",
+            "8",
+            "--minibatch-size",
+            "8",
+            "--update-epochs",
+            "1",
+        ],
+    ),
     "ppo_continuous.py": (128, ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]),
-    "dqn_snake_vec.py": (320, ["--num-envs", "16", "--learning-starts", "32", "--log-every", "64", "--batch-size",
-                               "16"]),
-    "benchmark/baseline_ppo_atari.py": (64, ["--env-id", "ALE/Pong-v5", "--num-envs", "1", "--num-steps", "32",
-                                             "--update-epochs", "1"]),
-    "benchmark/baseline_ppo_continuous.py": (128, ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs",
-                                                   "1"]),
-}  # fmt: skip
+    "dqn_snake_vec.py": (
+        320,
+        ["--num-envs", "16", "--learning-starts", "32", "--log-every", "64", "--batch-size", "16"],
+    ),
+    "benchmark/baseline_ppo_atari.py": (
+        64,
+        ["--env-id", "ALE/Pong-v5", "--num-envs", "1", "--num-steps", "32", "--update-epochs", "1"],
+    ),
+    "benchmark/baseline_ppo_continuous.py": (
+        128,
+        ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"],
+    ),
+}
 
 
 def tiny(script, extra=(), steps=None):
@@ -81,8 +100,9 @@ def test_by_hand_launch_has_no_thread_variables(monkeypatch):
 
 
 def test_tables_show_failures_as_failures():
-    ok = speed.Result("a", "python a.py", sps=1234.4, steps=100, wall=2.0, util_mean=50, util_peak=90,
-                      peak_mib=300, estimated_mib=200)  # fmt: skip
+    ok = speed.Result(
+        "a", "python a.py", sps=1234.4, steps=100, wall=2.0, util_mean=50, util_peak=90, peak_mib=300, estimated_mib=200
+    )
     bad = speed.Result("b", "python b.py", status="failed (exit 2)", sps=None, steps=100, wall=1.0, tail="boom")
     late = speed.Result("c", "python c.py", status="timed out after 5 s", sps=999.0, steps=100, wall=5.0)
     lines = speed.results_table([ok, bad, late])
@@ -249,9 +269,30 @@ def test_gpu_targets_as_ratios():
 
 def test_gpu_profile_on_cpu_tiny(tmp_path):
     """The GPU table forced onto the CPU with tiny budgets: ceilings, one training row, the targets section."""
-    res = cli("table", "--profile", "gpu", "--force-cpu", "--only", "ceiling", "dqn_snake_vec/256/eager",
-              "--atari-envs", "2", "--snake-sizes", "64", "128", "--seconds", "0.2", "--scale", "0.25",
-              "--budget-minutes", "0", "--out", tmp_path, "--note", "test")  # fmt: skip
+    res = cli(
+        "table",
+        "--profile",
+        "gpu",
+        "--force-cpu",
+        "--only",
+        "ceiling",
+        "dqn_snake_vec/256/eager",
+        "--atari-envs",
+        "2",
+        "--snake-sizes",
+        "64",
+        "128",
+        "--seconds",
+        "0.2",
+        "--scale",
+        "0.25",
+        "--budget-minutes",
+        "0",
+        "--out",
+        tmp_path,
+        "--note",
+        "test",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     (report,) = tmp_path.glob("throughput_gpu_*.md")
     text = report.read_text()
