@@ -217,9 +217,11 @@ class VecSnake:
         self._marks = [(self._row_base, self._row_base) for _ in range(4)]  # where each buffer has head and food
         self._turn = 0
         self._cells = torch.arange(self.hw, device=self.device)
-        # fullgraph: a graph break would leave Python between the kernels, which is what fused removes
+        # fullgraph: a graph break would leave Python between the kernels, which is what fused removes; static
+        # shapes: each board and game count gets its own kernels (dynamo's automatic dynamic shapes failed on a
+        # second VecSnake of another size in the same process: "sources must not be empty for symbol")
         fused = self.mode == "fused" and compile
-        self._fused = torch.compile(self._step_tensors, fullgraph=True) if fused else self._step_tensors
+        self._fused = torch.compile(self._step_tensors, fullgraph=True, dynamic=False) if fused else self._step_tensors
 
     def reset(self):
         """Start every game afresh; returns the observation (N, 4, H, W) uint8."""
@@ -486,7 +488,7 @@ class NStep:
     """Ring of the last n steps of N games; once full, each push emits the n-step transition that started n-1 pushes
     ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the true observation after that step,
     whether it was a termination, and the bootstrap discount gamma^(steps used). The ring's slot is a device counter
-    and every read an index_select, so a push makes no host sync and a CUDA graph can hold it."""
+    and every read an index, so a push makes no host sync and a CUDA graph can hold it."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, device):
         self.n = n
@@ -500,6 +502,9 @@ class NStep:
         self.terminated = torch.zeros(n, num_envs, dtype=torch.bool, device=device)
         self.ended = torch.zeros_like(self.terminated)
         self.fields = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated, self.ended)
+        self._steps = torch.arange(n, device=device)
+        self._discounts = gamma ** torch.arange(n, device=device, dtype=torch.float32)
+        self._games = torch.arange(num_envs, device=device)
 
     def push(self, obs, actions, rewards, next_obs, terminated, ended):
         """Add one step (next_obs: the true observation after it); returns an n-step batch, or None while filling."""
@@ -510,23 +515,17 @@ class NStep:
         self.t += 1
         if self.t < self.n:
             return None
-
-        def at(store, k):  # the ring's k-th oldest step of ``store``
-            return store.index_select(0, (self.slot + k) % self.n).squeeze(0)
-
-        ret = torch.zeros_like(rewards)
-        running = torch.ones_like(ended)  # no end seen yet
-        nxt = self.next_obs.index_select(0, newest).squeeze(0)
-        term = self.terminated.index_select(0, newest).squeeze(0)
-        disc = torch.full_like(rewards, self.gamma**self.n)
-        for k in range(self.n):
-            ret += running * self.gamma**k * at(self.rewards, k)
-            stop = running & at(self.ended, k)
-            nxt = torch.where(stop.view(-1, 1, 1, 1), at(self.next_obs, k), nxt)
-            term = torch.where(stop, at(self.terminated, k), term)
-            disc = torch.where(stop, self.gamma ** (k + 1), disc)
-            running &= ~at(self.ended, k)
-        return at(self.obs, 0), at(self.actions, 0), ret, nxt, term, disc
+        order = (self.slot + self._steps) % self.n  # the ring's slots from the oldest step to the newest
+        rewards_k, ended_k = self.rewards.index_select(0, order), self.ended.index_select(0, order)
+        running = (ended_k.cumsum(0) - ended_k.long()) == 0  # no episode end before step k
+        ret = (running * self._discounts.unsqueeze(1) * rewards_k).sum(0)
+        # the window's last step: its first episode end, else the newest step; one gather of the observations after it
+        last = torch.where(ended_k.any(0), ended_k.long().argmax(0), self.n - 1)
+        slot, games = order[last], self._games
+        disc = self.gamma ** (last + 1.0)
+        first = order[:1]
+        obs0, actions0 = self.obs.index_select(0, first).squeeze(0), self.actions.index_select(0, first).squeeze(0)
+        return obs0, actions0, ret, self.next_obs[slot, games], self.terminated[slot, games], disc
 
 
 class ReplayBuffer:
