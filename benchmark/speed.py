@@ -247,39 +247,23 @@ def run_setting(setting: Setting, scale: float, timeout: float, cores: list[int]
 # ---------------------------------------------------------------- ceilings
 
 
-def atari_env(num_envs: int, threads: int, game: str = "breakout", batch_size: int = 0):
-    """ale_py.AtariVectorEnv with the v5 settings of ppo_atari.make_envs (sticky actions, frameskip 4, 84x84x4)."""
-    import ale_py
+def atari_env(num_envs: int, threads: int, env_id: str = "ALE/Breakout-v5", batch_size: int = 0):
+    """ppo_atari.make_envs itself: the ale-py vector env with the v5 settings the runs use."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import ppo_atari
 
-    return ale_py.AtariVectorEnv(
-        game,
-        num_envs,
-        batch_size=batch_size,
-        repeat_action_probability=0.25,
-        full_action_space=False,
-        num_threads=threads,
-        autoreset_mode="SameStep",
-        frameskip=4,
-        maxpool=True,
-        img_height=84,
-        img_width=84,
-        grayscale=True,
-        stack_num=4,
-        noop_max=30,
-        use_fire_reset=True,
-        episodic_life=False,
-        life_loss_info=False,
-        reward_clipping=False,
-        max_num_frames_per_episode=108000,
-    )
+    return ppo_atari.make_envs(ppo_atari.Args(env_id=env_id), num_envs, threads, batch_size)
 
 
-def atari_ceiling(num_envs: int, threads: int, seconds: float, game: str = "breakout", batch_size: int = 0) -> float:
+def atari_ceiling(
+    num_envs: int, threads: int, seconds: float, env_id: str = "ALE/Breakout-v5", batch_size: int = 0
+) -> float:
     """AtariVectorEnv agent steps/s with random actions; ``batch_size`` B below num_envs: the asynchronous mode of
     ppo_atari.py --async-envs B, each step acting on the first B envs to finish."""
     import numpy as np
 
-    env = atari_env(num_envs, threads, game, batch_size)
+    env = atari_env(num_envs, threads, env_id, batch_size)
     actions = np.random.default_rng(0).integers(0, env.single_action_space.n, (64, batch_size or num_envs))
     return host_env_rate(env, actions, seconds)
 
@@ -363,7 +347,9 @@ def atari_row(n: int, threads: int, seconds: float, batch_size: int = 0) -> Resu
     label = f"ceiling: AtariVectorEnv Breakout, {n} envs, {threads} threads"
     label += f", async batches of {batch_size}" if batch_size else ""
     how = "random actions, v5 settings"
-    return measure_ceiling(label, how, "agent steps/s", atari_ceiling, n, threads, seconds, "breakout", batch_size)
+    return measure_ceiling(
+        label, how, "agent steps/s", atari_ceiling, n, threads, seconds, "ALE/Breakout-v5", batch_size
+    )
 
 
 def snake_row(n: int, device: str, mode: str, seconds: float, compiled: bool = False) -> Result:

@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from helpers import wait_for
+from helpers import SNAKE_LONGER, wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -38,17 +38,6 @@ pytestmark = [
 # a tiny run of each script: a few hundred steps on the CPU
 ATARI_TINY = ["--num-envs", "2", "--num-steps", "16", "--minibatch-size", "16", "--total-timesteps", "128"]
 SNAKE_TINY = ["--total-timesteps", "256", "--learning-starts", "64", "--batch-size", "32", "--buffer-size", "2048"]
-# env steps only (learning would start after the end): seconds, far longer than a SIGTERM takes to arrive
-SNAKE_LONGER = [
-    "--total-timesteps",
-    "40000",
-    "--learning-starts",
-    "100000000",
-    "--buffer-size",
-    "20000",
-    "--checkpoint-every",
-    "100",
-]
 
 
 def pid_alive(pid):

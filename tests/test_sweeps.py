@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import wait_for
+from helpers import SNAKE_LONGER, wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -402,7 +402,6 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
     done = fake_checkpoint(repo, "Snake5x5__dqn_snake_vec_n8__1", "finished", 40000, 40000)
     logs = tmp_path / "logs"
     env = sweep_env({"PYTHON": sys.executable, "NUM_GPUS": "0", "LOG_DIR": str(logs)})
-    # env steps only (learning would start after the end): a few seconds, far more than the time a TERM takes
     args = [
         "bash",
         str(repo / "benchmark" / "dqn_snake.sh"),
@@ -416,14 +415,7 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
         "--cpus-per-run",
         "1",
         "--",
-        "--total-timesteps",
-        "40000",
-        "--learning-starts",
-        "100000000",
-        "--buffer-size",
-        "20000",
-        "--checkpoint-every",
-        "100",
+        *SNAKE_LONGER,
         "--no-progress-bar",
     ]
     proc = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
