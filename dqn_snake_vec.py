@@ -825,7 +825,7 @@ if __name__ == "__main__":
                     torch._foreach_lerp_(target_params, params, args.tau)
         return out
 
-    learning_step_graph = gpu_utils.CudaGraph(learning_step, enabled=use_graph)
+    learning_step_graph = gpu_utils.CudaGraph(learning_step, enabled=use_graph, name="training step")
     if args.cudagraphs:
         print(
             "training step: one CUDA graph (act, every game's step, n-step, replay, TD update, target)"

@@ -528,17 +528,22 @@ class CudaGraph:
     Random numbers from the default CUDA generator advance on every replay; other generators are not tracked.
 
     With ``enabled=False`` (the CPU, or a step a graph cannot hold) every call runs ``fn`` eagerly, so both paths run
-    the same code.
+    the same code. A capture that fails (a host sync or an op that CUDA cannot capture, found only on the GPU) prints
+    ``<name>: eager (CUDA graph capture failed: <error>)`` once and turns the graph off: that call and every later
+    one run ``fn`` eagerly, so the run goes on, slower, instead of ending. Capture only records kernels, so the
+    failed attempt changed no tensor.
     """
 
-    def __init__(self, fn: Callable[..., Tensors], enabled: bool = True, warmup: int = 3):
+    def __init__(self, fn: Callable[..., Tensors], enabled: bool = True, warmup: int = 3, name: str = "step"):
         self.fn = fn
         self.enabled = enabled
         self.warmup = warmup
+        self.name = name
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_args: tuple[torch.Tensor, ...] = ()
         self.static_out: Tensors | None = None
+        self.failure = ""  # why the capture failed, when it did
 
     def __call__(self, *args: torch.Tensor) -> Tensors:
         if not self.enabled:
@@ -553,9 +558,18 @@ class CudaGraph:
             return out
         if self.graph is None:
             self.static_args = tuple(arg.clone() for arg in args)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):  # records the kernels without running them: the replay below runs them
-                self.static_out = self.fn(*self.static_args)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):  # records the kernels without running them: the replay below runs them
+                    self.static_out = self.fn(*self.static_args)
+            except Exception as exc:  # noqa: BLE001 - any failure to capture: the same step, eagerly
+                detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+                self.failure = f"{type(exc).__name__}: {detail}"
+                print(f"{self.name}: eager (CUDA graph capture failed: {self.failure})")
+                self.enabled = False
+                self.static_args = ()
+                return self.fn(*args)
+            self.graph = graph
         else:
             for static, arg in zip(self.static_args, args, strict=True):
                 static.copy_(arg)

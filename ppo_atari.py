@@ -661,7 +661,7 @@ if __name__ == "__main__":
         optimizer.step()
         return mb_stats
 
-    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph)
+    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph, name="update")
     if is_main and args.cudagraphs:  # where a graph cannot hold the step, today's eager update runs
         if distributed:
             print("update: eager (torchrun: the gradients' all_reduce runs between backward and Adam)")

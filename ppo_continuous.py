@@ -550,7 +550,7 @@ if __name__ == "__main__":
         optimizer.step()
         return mb_stats
 
-    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph)
+    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph, name="update")
     if args.cudagraphs and not use_graph:  # today's eager update: the graph cannot hold the micro-batches' back-off
         print(f"update: eager (--micro-batch {micro_batch} splits the minibatch's {minibatch_size} rows)")
     elif args.cudagraphs:

@@ -6,6 +6,7 @@
     python benchmark/speed.py compare atari --repeats 2       # ours against the CleanRL-style baseline
     python benchmark/speed.py table                           # throughput table -> benchmark/results/
     python benchmark/speed.py table --profile gpu             # the one-GPU table with its targets (~8 min, H100)
+    python benchmark/speed.py ab --before c9316f8             # old and new code, interleaved, at the profile's rows
     python benchmark/speed.py concurrency --copies 1 2 4      # 1, 2, 4 copies at once: total SPS vs one alone
     python benchmark/speed.py concurrency --by-hand           # the same, started as a user would: no pinning
 
@@ -21,6 +22,7 @@ with the v5 settings of ppo_atari.make_envs (agent steps/s) and dqn_snake_vec.Ve
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import platform
 import re
@@ -33,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -97,6 +99,7 @@ class Result:
     estimated_mib: float | None = None
     threads: int | None = None  # the run's last `threads/torch` (its share of the CPUs)
     tail: str = ""  # last lines of stderr when not ok
+    warning: str = ""  # what the run said it could not do as asked (a CUDA graph capture that failed, say)
 
     @property
     def ok(self) -> bool:
@@ -224,6 +227,8 @@ class Run:
                 res.status = "no charts/SPS logged (budget below two iterations?)"
         if res.status != "ok":
             res.tail = last_lines(os.path.join(self.tmp, "stderr")) or last_lines(os.path.join(self.tmp, "stdout"))
+        with open(os.path.join(self.tmp, "stdout"), errors="replace") as f:  # its SPS is not the graph's: say so
+            res.warning = "; ".join(line.strip() for line in f if "(CUDA graph capture failed" in line)
         shutil.rmtree(self.tmp, ignore_errors=True)
         return res
 
@@ -417,7 +422,8 @@ def results_table(results: list[Result]) -> list[str]:
         mem = f"{fmt(r.peak_mib)} / {fmt(r.estimated_mib)}" if r.peak_mib or r.estimated_mib else DASH
         rate = f"{fmt(r.sps)} {r.unit}" if r.ok else DASH
         how = f"`{r.how}`" if r.how.startswith(("python", "OMP")) else r.how
-        rows.append([r.label, how, fmt(r.steps) if r.steps else DASH, fmt(r.wall), rate, util, mem, r.status])
+        status = f"{r.status}; {r.warning}" if r.warning else r.status
+        rows.append([r.label, how, fmt(r.steps) if r.steps else DASH, fmt(r.wall), rate, util, mem, status])
     header = "what | command / setting | steps | wall s | rate | GPU util mean / peak | peak / est. MiB | status"
     return md_table(header, rows)
 
@@ -686,6 +692,110 @@ def cmd_compare(a, _passthrough) -> int:
     return 0 if all(med.values()) else 1
 
 
+AB_SCRIPTS = ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py")
+AB_KEYS = {  # rows of the profile that old code runs too (flags it has), the speed issues' rows first
+    "gpu": [
+        "ppo_atari/--compile --cudagraphs",
+        "ppo_continuous/--preset beast",
+        "dqn_snake_vec/4096/--compile --cudagraphs",
+        "ppo_atari/eager",
+        "dqn_snake_vec/65536/--compile --cudagraphs",
+    ],
+    "cpu": ["ppo_atari/defaults", "ppo_continuous/defaults", "dqn_snake_vec/defaults"],
+}
+
+
+def before_code(before: str) -> tuple[str, str]:
+    """The folder of the old scripts (and gpu_utils.py, which they import from beside them) and what it is: a folder
+    as given (its REF file, written by `dev/gpu_check.sh before REF`, names the commit), or a git commit of this
+    repository, copied out with `git archive` into a temporary folder."""
+    if os.path.isdir(before):
+        missing = [f for f in AB_SCRIPTS if not os.path.isfile(os.path.join(before, f))]
+        if missing:
+            raise UsageError(
+                f"--before {before}: no {', '.join(missing)} there; fill it with `dev/gpu_check.sh before REF` "
+                "(git archive REF of the scripts and gpu_utils.py)"
+            )
+        ref_file = os.path.join(before, "REF")
+        ref = "not recorded"
+        if os.path.isfile(ref_file):
+            with open(ref_file) as f:
+                ref = f.read().strip()
+        return before, f"folder {before} (commit {ref})"
+    git = ["git", "-C", ROOT]
+    commit_cmd = [*git, "rev-parse", "--short", "--verify", "--quiet", f"{before}^{{commit}}"]
+    commit = subprocess.run(commit_cmd, capture_output=True, text=True)
+    if commit.returncode != 0:
+        raise UsageError(
+            f"--before {before}: neither a folder nor a commit of this repository (give a folder made by "
+            "`dev/gpu_check.sh before REF`, or a commit where git and the history are at hand)"
+        )
+    folder = tempfile.mkdtemp(prefix="speed_before_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the copy lives as long as this tool
+    archive = subprocess.run([*git, "archive", "--format=tar", before, *AB_SCRIPTS], capture_output=True)
+    if archive.returncode != 0:
+        raise UsageError(f"--before {before}: git archive failed: {archive.stderr.decode().strip().splitlines()[-1]}")
+    subprocess.run(["tar", "x", "-C", folder], input=archive.stdout, check=True)
+    return folder, f"commit {commit.stdout.strip()}"
+
+
+def cmd_ab(a, _passthrough) -> int:
+    """Old and new code at the same settings, interleaved on one machine: each round runs every setting twice, old
+    then new in rounds 1, 3, ... and new then old in rounds 2, 4, ..., so a drift of the machine's speed touches
+    both alike."""
+    gpu = a.profile == "gpu"
+    profile = {s.key: s for s in (gpu_profile(a.force_cpu) if gpu else cpu_profile())}
+    settings = [profile[k] for k in AB_KEYS[a.profile] if selected(k, profile[k].label, a.only)]
+    folder, what = before_code(a.before)
+    pairs = [
+        (s, replace(s, script=os.path.join(os.path.abspath(folder), os.path.basename(s.script)))) for s in settings
+    ]
+    if a.dry_run:
+        for new, old in pairs:
+            print(f"{new.label}:\n  before: {old.shown(a.scale)}\n  after:  {new.shown(a.scale)}")
+        return 0
+    info = machine_info()
+    deadline = time.perf_counter() + a.budget_minutes * 60 if a.budget_minutes else float("inf")
+    runs: dict[str, dict[str, list[Result]]] = {s.key: {"before": [], "after": []} for s in settings}
+    for round_ in range(a.rounds):
+        for new, old in pairs:
+            if deadline - time.perf_counter() < 60:  # past --budget-minutes no pair starts; a started one finishes
+                continue
+            order = [("before", old), ("after", new)]
+            for which, s in order if round_ % 2 == 0 else order[::-1]:
+                print(f"[speed] round {round_ + 1}/{a.rounds}, {which}: {s.label} ...", flush=True)
+                res = run_setting(s, a.scale, a.timeout)
+                print(f"[speed]   {fmt(res.sps)} SPS" if res.ok else f"[speed]   {res.status}", flush=True)
+                runs[new.key][which].append(res)
+    rows = []
+    for new in settings:
+        cells, medians = [], {}
+        for which in ("before", "after"):
+            ok = [r for r in runs[new.key][which] if r.ok]
+            medians[which] = statistics.median(r.sps for r in ok) if ok else None
+            util = [r.util_mean for r in ok if r.util_mean is not None]
+            each = ", ".join(fmt(r.sps) if r.ok else r.status for r in runs[new.key][which]) or "not run"
+            each += "".join(f"; {w}" for w in sorted({r.warning for r in runs[new.key][which] if r.warning}))
+            shown = f"{fmt(medians[which])} ({each})"
+            cells.append(shown + (f"; GPU {statistics.fmean(util):.0f}%" if util else ""))
+        before, after = medians["before"], medians["after"]
+        ratio = f"**{after / before:.2f}x**" if before and after else DASH
+        rows.append([new.label, f"`{new.shown(a.scale)}`", *cells, ratio])
+    header = "setting | command (after; before: the same with the old script) | before: SPS median (each run) | "
+    header += "after: SPS median (each run) | after / before"
+    all_results = [r for both in runs.values() for rs in both.values() for r in rs]
+    body = [
+        f"Before: {what}. After: this checkout. {a.rounds} round(s), interleaved: each round runs every setting with "
+        "the old code and the new, old first in odd rounds and new first in even ones (the first round is round 1). "
+        "SPS: the median of each run's `charts/SPS` after warm-up; GPU: the mean of its `gpu/util_mean`.",
+        "",
+        *md_table(header, rows),
+        *failures(all_results),
+    ]
+    emit(document("Before and after, same machine", info, a.note, body), a.out, f"ab_{a.profile}", a.host)
+    return 0 if all(r.ok for r in all_results) and all_results else 1
+
+
 def cmd_table(a, _passthrough) -> int:
     import torch
 
@@ -931,6 +1041,25 @@ def parser() -> Parser:
     m.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     common(m)
 
+    b = sub.add_parser("ab", help="old and new code at the same settings, interleaved on this machine")
+    b.add_argument(
+        "--before", required=True, help="the old code: a folder (dev/gpu_check.sh before REF) or a git commit"
+    )
+    b.add_argument(
+        "--profile",
+        choices=["cpu", "gpu"],
+        help="whose rows: "
+        + "; ".join(f"{k}: {', '.join(v)}" for k, v in AB_KEYS.items())
+        + " (default: gpu with CUDA)",
+    )
+    b.add_argument("--force-cpu", action="store_true", help="run the GPU profile's rows on the CPU (for tests)")
+    b.add_argument("--rounds", type=positive(int), default=2, help="interleaved rounds of old and new")
+    b.add_argument("--scale", type=positive(float), default=1.0, help="multiply every step budget")
+    b.add_argument("--budget-minutes", type=float, default=0, help="start no old/new pair after this (0: no limit)")
+    b.add_argument("--only", nargs="*", help="rows whose key or label contains one of these")
+    b.add_argument("--dry-run", action="store_true", help="print both commands of every row, run nothing")
+    common(b, os.path.join(HERE, "results"))
+
     t = sub.add_parser("table", help="the throughput table, written to benchmark/results/")
     t.add_argument(
         "--profile",
@@ -982,13 +1111,14 @@ def main(argv: list[str] | None = None) -> int:
         a = parser().parse_args(argv)
         if passthrough and a.mode != "run":
             raise UsageError("arguments after -- are for `run` only")
-        if a.mode == "table":
+        if a.mode in ("table", "ab"):
             import torch
 
             a.profile = a.profile or ("gpu" if torch.cuda.is_available() else "cpu")
             gpu = a.profile == "gpu"
             a.budget_minutes = (8 if gpu else 0) if a.budget_minutes is None else a.budget_minutes
-            a.seconds = a.seconds or (2 if gpu else 5)
+            if a.mode == "table":
+                a.seconds = a.seconds or (2 if gpu else 5)
             if a.budget_minutes < 0:
                 raise UsageError("--budget-minutes must be >= 0 (0: no limit)")
         if a.mode == "concurrency" and 1 not in a.copies:
@@ -997,6 +1127,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": cmd_run,
             "ceiling": cmd_ceiling,
             "compare": cmd_compare,
+            "ab": cmd_ab,
             "table": cmd_table,
             "concurrency": cmd_concurrency,
         }

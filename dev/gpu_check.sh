@@ -3,8 +3,12 @@
 # to $LOGS (default /tmp/gpu_check); `collect DIR` copies them out. Steps run in the order given:
 #
 #   dev/gpu_check.sh env              # GPU, CPU, compiler and Python headers (torch.compile needs both)
+#   dev/gpu_check.sh before c9316f8   # HERE, not on the GPU machine (it needs git): the old scripts of that
+#                                     # commit into .ab/before (git-excluded; carry .ab), for `ab`
+#   dev/gpu_check.sh ab               # old (.ab/before) and new code interleaved at the same settings
+#                                     # (benchmark/speed.py ab), started detached: the same-lease A/B table
 #   dev/gpu_check.sh table            # the one-GPU throughput table, started detached (it outlives the call)
-#   dev/gpu_check.sh wait 500         # wait for the detached jobs (table, atari), at most 500 s, and show
+#   dev/gpu_check.sh wait 500         # wait for the detached jobs (ab, table, atari), at most 500 s, and show
 #                                     # their state (atari: each run's newest "iteration" line: step, SPS)
 #   dev/gpu_check.sh profile tests    # benchmark/profile_atari.py, then pytest -m gpu
 #   dev/gpu_check.sh collect "$OUT"   # copy logs and tables to a folder
@@ -20,7 +24,8 @@
 #                                     # (atari, in the repo root: runs/ and the run logs in atari/); then
 #                                     # --resume / atari again to continue
 #
-# Knobs: LOGS, PYTHON (default python3), TABLE_ARGS (extra arguments for `speed.py table`), TEST_WORKERS (pytest-xdist
+# Knobs: LOGS, PYTHON (default python3), TABLE_ARGS (extra arguments for `speed.py table`), AB_ARGS (extra arguments
+# for `speed.py ab`, e.g. --only ppo_atari --rounds 3), TEST_WORKERS (pytest-xdist
 # workers for `tests`, default 4; 0 runs them one by one), RUN_ARGS (ppo_atari.py arguments for `train`).
 # For `atari`: ATARI_ARGS (extra ppo_atari.py arguments after --compile --cudagraphs --save-model --no-progress-bar),
 # ATARI_DRY_RUN=1 (copy the runs and print the dry run, start nothing), JOBS_PER_GPU (runs at once on the GPU,
@@ -54,23 +59,49 @@ step_env() {
   } 2>&1 | tee "$LOGS/env.txt"
 }
 
-step_table() {  # detached: setsid puts it in its own session, so it runs on after the call that started it returns
-  rm -f "$LOGS/table.done"
-  : >"$LOGS/table.log"  # a job counts as started once its log exists (see step_wait)
-  # shellcheck disable=SC2086
-  setsid nohup bash -c "$PY benchmark/speed.py table --profile gpu --out '$LOGS' --host gpu ${TABLE_ARGS:-} \
-    >'$LOGS/table.log' 2>&1; echo \$? >'$LOGS/table.done'" >/dev/null 2>&1 < /dev/null &
-  echo "table started (pid $!), log $LOGS/table.log"
+detach() {  # JOB COMMAND...: setsid puts it in its own session, so it runs on after the call that started it returns
+  local job=$1
+  shift
+  rm -f "$LOGS/$job.done"
+  : >"$LOGS/$job.log"  # a job counts as started once its log exists (see step_wait)
+  # shellcheck disable=SC2016  # the wrapper expands its own arguments
+  setsid nohup bash -c 'log=$1 done=$2; shift 2; "$@" >"$log" 2>&1 </dev/null; echo $? >"$done"' "$job" \
+    "$LOGS/$job.log" "$LOGS/$job.done" "$@" >/dev/null 2>&1 </dev/null &
+  echo "$job started (pid $!), log $LOGS/$job.log"
 }
 
-# A detached job (table, atari) counts as started when $LOGS/JOB.log exists and as finished when JOB.done does.
+step_table() {
+  # shellcheck disable=SC2086  # TABLE_ARGS is a list of words
+  detach table "$PY" benchmark/speed.py table --profile gpu --out "$LOGS" --host gpu ${TABLE_ARGS:-}
+}
+
+step_before() {  # on the development machine: git archive of the old scripts, which the GPU machine cannot make
+  local ref=$1 commit
+  commit=$(git rev-parse --short --verify --quiet "$ref^{commit}") || die "before: '$ref' is not a commit here"
+  rm -rf .ab/before && mkdir -p .ab/before
+  git archive --format=tar "$commit" ppo_atari.py ppo_continuous.py dqn_snake_vec.py gpu_utils.py |
+    tar x -C .ab/before || die "before: git archive of $commit failed"
+  echo "$commit" >.ab/before/REF
+  local exclude
+  exclude=$(git rev-parse --git-path info/exclude)
+  grep -qx '/.ab/' "$exclude" 2>/dev/null || echo '/.ab/' >>"$exclude"
+  echo "before: the scripts of commit $commit in .ab/before (git-excluded); name .ab in the GPU call's carry"
+}
+
+step_ab() {
+  [[ -f .ab/before/REF ]] || die "ab: no .ab/before here; run \`dev/gpu_check.sh before REF\` first and carry .ab"
+  # shellcheck disable=SC2086  # AB_ARGS is a list of words
+  detach ab "$PY" benchmark/speed.py ab --before .ab/before --profile gpu --out "$LOGS" --host gpu ${AB_ARGS:-}
+}
+
+# A detached job (ab, table, atari) counts as started when $LOGS/JOB.log exists and as finished when JOB.done does.
 step_wait() {
   local limit=$1 t0=$SECONDS job pending pid
   [[ $limit =~ ^[0-9]+$ ]] || die "wait needs a number of seconds, got '$limit'"
   local jobs=()
-  for job in table atari; do [[ -f $LOGS/$job.log ]] && jobs+=("$job"); done
+  for job in ab table atari; do [[ -f $LOGS/$job.log ]] && jobs+=("$job"); done
   if ((${#jobs[@]} == 0)); then
-    echo "no detached job (table, atari) was started in $LOGS"
+    echo "no detached job (ab, table, atari) was started in $LOGS"
     return
   fi
   while :; do
@@ -219,19 +250,20 @@ stop_atari() {
 
 while (($#)); do
   case $1 in
-    env | table | profile | tests | train) "step_$1" ;;
-    wait | collect | stop | atari)
+    env | ab | table | profile | tests | train) "step_$1" ;;
+    wait | collect | stop | atari | before)
       if [[ -z ${2:-} ]]; then
         case $1 in
           wait) die "wait needs a number of seconds, e.g. wait 500" ;;
           atari) die "atari needs games, e.g. atari \"Breakout Pong\"" ;;
+          before) die "before needs a commit, e.g. before c9316f8" ;;
           *) die "$1 needs a folder, e.g. $1 \"\$OUT\"" ;;
         esac
       fi
       "step_$1" "$2"
       shift
       ;;
-    *) die "unknown step '$1' (env, table, wait N, profile, tests, collect DIR, train, atari GAMES, stop DIR)" ;;
+    *) die "unknown step '$1' (env, before REF, ab, table, wait N, profile, tests, collect DIR, train, atari GAMES, stop DIR)" ;;
   esac
   shift
 done

@@ -226,3 +226,41 @@ def test_gpu_check_atari_starts_the_sweep_detached_and_stop_brings_its_runs_back
     assert (restore / "runs" / BREAKOUT_RUN / "events.out.tfevents.1").read_bytes() == big
     assert "iteration 30/1220" in (restore / "atari" / "000_ALE_Breakout-v5.log").read_text()  # run logs in the tar
     assert sorted(p.name for p in dest.iterdir()) == ["atari.log", *(p.name for p in parts)]  # few files come back
+
+
+def test_gpu_check_before_then_ab_runs_old_against_new(tmp_path):
+    """`before REF` copies that commit's scripts into .ab/before (git-excluded, so only `carry` takes it to the GPU
+    machine); `ab` starts speed.py ab on them, detached, and `wait` reports it."""
+    repo = tmp_path / "repo"
+    for name in ["dev/gpu_check.sh", "benchmark/speed.py", *speed_ab_scripts()]:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, name), repo / name)
+    git = lambda *args: subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)  # noqa: E731
+    assert git("init", "-q").returncode == 0
+    git("add", ".")
+    assert git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "old").returncode == 0
+    old = git("rev-parse", "--short", "HEAD").stdout.strip()
+    logs = tmp_path / "logs"
+    res = _gpu_check(repo, logs, "ab")
+    assert res.returncode == 2 and "run `dev/gpu_check.sh before REF` first" in res.stderr
+    res = _gpu_check(repo, logs, "before", "no-such-ref")
+    assert res.returncode == 2 and "before: 'no-such-ref' is not a commit here" in res.stderr
+    res = _gpu_check(repo, logs, "before", "HEAD")
+    assert res.returncode == 0, res.stderr
+    assert (repo / ".ab" / "before" / "REF").read_text().strip() == old
+    assert sorted(os.listdir(repo / ".ab" / "before")) == sorted(["REF", *speed_ab_scripts()])
+    assert git("status", "--porcelain").stdout == ""  # excluded: it never enters a commit
+    res = _gpu_check(repo, logs, "ab", "wait", "100", AB_ARGS="--force-cpu --dry-run --only ppo_atari/eager")
+    assert res.returncode == 0, res.stderr
+    assert "ab finished, exit 0" in res.stdout
+    log = (logs / "ab.log").read_text()
+    assert f"  before: python {repo}/.ab/before/ppo_atari.py --env-id ALE/Breakout-v5 --gpu false" in log
+
+
+def speed_ab_scripts():
+    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+    try:
+        import speed
+    finally:
+        sys.path.pop(0)
+    return list(speed.AB_SCRIPTS)

@@ -1,5 +1,7 @@
 """gpu_utils.CudaGraph: a whole training step (forward, backward, clipping, Adam) captured once and replayed."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -30,7 +32,7 @@ def make_step(device, capturable):
 
 def train(device, enabled, steps=12):
     model, optimizer, update = make_step(device, capturable=enabled)
-    step = gpu_utils.CudaGraph(update, enabled=enabled, warmup=2)
+    step = gpu_utils.CudaGraph(update, enabled=enabled, warmup=2, name="update")
     generator = torch.Generator().manual_seed(1)
     losses = []
     for i in range(steps):
@@ -75,3 +77,47 @@ def test_captured_step_matches_the_eager_one_and_replays():
     torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-4, atol=1e-5)
     for a, b in zip(graph_model.parameters(), eager_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+class FailingCapture:
+    """Stand-ins for torch.cuda's streams and graphs on the CPU: the warm-up calls run, the capture raises, as CUDA
+    does when the captured function makes a host sync."""
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class CUDAGraph:
+        def replay(self):
+            raise AssertionError("a failed capture is never replayed")
+
+    @staticmethod
+    def stream(stream):
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def current_stream():
+        return FailingCapture.Stream()
+
+    @staticmethod
+    def graph(graph):  # fails before the step runs: on a GPU a capture only records kernels, so it changes nothing
+        raise RuntimeError("operation not permitted when stream is capturing\nCUDA kernel errors might be ...")
+
+
+def test_a_failed_capture_says_so_once_and_runs_the_step_eagerly(monkeypatch, capsys):
+    for name in ("Stream", "CUDAGraph", "stream", "current_stream", "graph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(FailingCapture, name))
+    model, losses, step = train("cpu", enabled=True, steps=6)
+    out = capsys.readouterr().out
+    assert out.count("CUDA graph capture failed") == 1
+    assert (
+        "update: eager (CUDA graph capture failed: RuntimeError: operation not permitted when stream is capturing)"
+        in out
+    )
+    assert step.graph is None and not step.enabled and step.failure.startswith("RuntimeError: operation not")
+    # every one of the 6 steps ran for real (2 warm-up calls, the failed capture's call, 3 eager ones): the same
+    # weights and losses as a loop that never tried a graph
+    eager_model, eager_losses, _ = train("cpu", enabled=False, steps=6)
+    assert torch.equal(losses, eager_losses)
+    for a, b in zip(model.parameters(), eager_model.parameters()):
+        assert torch.equal(a, b)

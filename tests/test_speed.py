@@ -113,6 +113,24 @@ def test_tables_show_failures_as_failures():
     assert "boom" in speed.failures([bad])
 
 
+def test_a_run_whose_graph_capture_failed_says_so_beside_its_sps(tmp_path):
+    """A run that fell back from a CUDA graph (gpu_utils.CudaGraph prints why) keeps its SPS, and the table's status
+    says that the figure is not the graph's."""
+    script = tmp_path / "fake.py"
+    script.write_text(
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "print('update: eager (CUDA graph capture failed: RuntimeError: boom)')\n"
+        "writer = SummaryWriter('runs/fake')\n"
+        "writer.add_scalar('charts/SPS', 500.0, 1)\n"
+        "writer.close()\n"
+    )
+    res = speed.run_setting(speed.Setting("fake", "fake", str(script), [], 10, 1), 1.0, timeout=120)
+    assert res.ok and res.sps == 500.0
+    assert res.warning == "update: eager (CUDA graph capture failed: RuntimeError: boom)"
+    row = speed.results_table([res])[2]
+    assert row.endswith("| 500 SPS | - | - | ok; update: eager (CUDA graph capture failed: RuntimeError: boom) |")
+
+
 @pytest.mark.parametrize("script", list(TINY))
 def test_tiny_run_of_each_script(script):
     """Each script and each baseline runs through the tool and its SPS comes back from its event file."""
@@ -336,3 +354,53 @@ def test_concurrency_by_hand_tiny(tmp_path):
     one, two = rows
     assert one[2].strip() == f"by hand; last threads/torch {gpu_utils.available_cpus()}" and one[5].strip() == "1.00x"
     assert len(two[2].split(" / ")) == 2 and two[5].strip().endswith("x")
+
+
+def test_ab_interleaves_old_and_new_code(tmp_path):
+    """`ab` runs each row with the old scripts (a folder) and the new, alternating which goes first, and reads each
+    run's SPS: the old copy here logs a fixed charts/SPS, so its median and the ratio are known exactly."""
+    before = tmp_path / "before"
+    before.mkdir()
+    for name in speed.AB_SCRIPTS:
+        shutil.copy(os.path.join(ROOT, name), before / name)
+    script = before / "ppo_continuous.py"
+    source = script.read_text()
+    assert source.count('scalars["charts/SPS"] = sps') == 1
+    script.write_text(source.replace('scalars["charts/SPS"] = sps', 'scalars["charts/SPS"] = 1234.0'))
+    (before / "REF").write_text("abc1234\n")
+    only = ["--only", "ppo_continuous/defaults", "--rounds", "2", "--scale", "0.3"]
+    res = cli("ab", "--before", before, "--profile", "cpu", *only, "--out", tmp_path, "--note", "test", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    started = [line for line in res.stdout.splitlines() if line.startswith("[speed] round")]
+    assert [line.split(":")[0] for line in started] == [
+        "[speed] round 1/2, before",
+        "[speed] round 1/2, after",
+        "[speed] round 2/2, after",
+        "[speed] round 2/2, before",
+    ]
+    (report,) = tmp_path.glob("ab_cpu_*.md")
+    text = report.read_text()
+    assert f"Before: folder {before} (commit abc1234). After: this checkout. 2 round(s)" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| ppo_continuous.py defaults |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "1,234 (1,234, 1,234)"
+    after = float(cells[3].split(" (")[0].replace(",", ""))  # the new code's real SPS, shown rounded
+    assert after > 0 and abs(float(cells[4].strip("*x")) - after / 1234) <= 0.01
+
+
+def test_ab_bad_before_and_git_commit(tmp_path):
+    res = cli("ab", "--before", tmp_path, "--dry-run")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "no ppo_atari.py, ppo_continuous.py, dqn_snake_vec.py, gpu_utils.py there" in res.stderr
+    res = cli("ab", "--before", "no-such-commit-or-folder", "--dry-run")
+    assert res.returncode == 2 and "neither a folder nor a commit of this repository" in res.stderr
+    if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("no git history here")
+    res = cli("ab", "--before", "HEAD", "--profile", "gpu", "--force-cpu", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "ppo_atari.py defaults (16 envs, Breakout), --compile --cudagraphs:"
+    assert lines[1].startswith("  before: python /") and "/speed_before_" in lines[1]
+    assert lines[2].startswith("  after:  python ppo_atari.py --env-id ALE/Breakout-v5 --gpu false --compile")
+    folder = lines[1].split("python ")[1].split("/ppo_atari.py")[0]
+    assert not os.path.exists(folder)  # the copied commit is removed when the tool ends
