@@ -678,6 +678,9 @@ if __name__ == "__main__":
         sys.exit(0)
     cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones (not for --eval-checkpoint)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
+    amp_note = gpu_utils.bf16_note(device) if args.amp else ""
+    if amp_note:
+        print(amp_note)
     print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, the games are torch ops too")
     print("config:")
     for key, value in vars(args).items():

@@ -527,6 +527,9 @@ if __name__ == "__main__":
     ]
     if is_main:
         print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}, {world_size} process(es)")
+        amp_note = gpu_utils.bf16_note(device) if args.amp else ""
+        if amp_note:
+            print(amp_note)
         print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, {env_threads} stepping the envs")
         halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
         if args.async_envs:

@@ -439,6 +439,9 @@ if __name__ == "__main__":
         sys.exit(0)
     cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones (not for --eval-checkpoint)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
+    amp_note = gpu_utils.bf16_note(device) if args.amp else ""
+    if amp_note:
+        print(amp_note)
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
     print(f"threads: {threads.threads} ({threads.why}): {torch_threads} torch, {env_threads}")
     print(f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)")

@@ -35,7 +35,7 @@ MESSAGES = [
 ]
 MESSAGES += ["continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt", "model saved to "]
 MESSAGES += ["peak allocated ", "(allocator, no CUDA context)", "done: step ", "run dir runs/{run_name}"]
-MESSAGES += ["micro-batch: CUDA out of memory at "]
+MESSAGES += ["micro-batch: CUDA out of memory at ", 'amp_note = gpu_utils.bf16_note(device) if args.amp else ""']
 # The training loop (rollout, advantages or targets, update, logging, checkpoint) is what a reader must hold in mind
 # at once: CleanRL's ppo_atari.py loop is about 100 lines. Ours carry resume, stop signals, OOM back-off, torchrun
 # and the CUDA-graph update too; the ceiling keeps headroom so that no one packs lines to fit under it.

@@ -579,3 +579,23 @@ def test_memory_estimate_bounds_real_peak():
     assert est.cuda_context == gpu_utils.CUDA_CONTEXT_BYTES
     assert est.workspace == gpu_utils.CUBLAS_WORKSPACE_BYTES
     assert est.total / 2 <= peak <= 2 * est.total  # allocator against allocator, within 2x
+
+
+@pytest.mark.parametrize(
+    "flags, slow",
+    [
+        ("fpu sse2 avx avx2 fma", True),  # AVX2 only: bf16 emulated
+        ("fpu avx2 avx512f avx512_bf16", False),
+        ("fpu avx2 amx_bf16 amx_tile", False),
+    ],
+)
+def test_bf16_note_names_cpus_without_bf16_instructions(tmp_path, flags, slow):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    note = gpu_utils.bf16_note(torch.device("cpu"), str(cpuinfo))
+    assert (note.startswith("amp: this CPU has no bf16 instructions") and "drop --amp" in note) if slow else note == ""
+    assert gpu_utils.bf16_note(torch.device("cuda", 0), str(cpuinfo)) == ""  # GPUs: no opinion here
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")  # no x86 flags line: nothing to say
+    assert gpu_utils.bf16_note(torch.device("cpu"), str(arm)) == ""
+    assert gpu_utils.bf16_note(torch.device("cpu"), str(tmp_path / "missing")) == ""

@@ -324,6 +324,8 @@ def test_time_limited_run_reports_cut_games(tmp_path):
 def test_amp_keeps_the_first_minibatch_ratio_at_one(tmp_path):
     out = run([*TINY, "--total-timesteps", "64", "--amp"], tmp_path)
     assert out.returncode == 0, out.stderr
+    note = gpu_utils.bf16_note(torch.device("cpu"))  # this CPU's: said at start where bf16 is emulated
+    assert (note in out.stdout) if note else ("amp: " not in out.stdout)
     errors = [v for _, v in scalars(glob.glob(str(tmp_path / "runs" / "*"))[0])["losses/initial_ratio_error"]]
     assert len(errors) == 2 and max(errors) < 1e-6
 
