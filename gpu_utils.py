@@ -115,7 +115,7 @@ def device_label(device: torch.device) -> str:
 def bf16_note(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
     """Why ``--amp`` (bf16 autocast) will be slow on this device, or "" when there is no reason to think so. A CPU
     without bf16 instructions (x86's ``avx512_bf16`` or ``amx_bf16`` flags) emulates bf16 arithmetic, far slower than
-    fp32: ppo_atari.py made 26 SPS with --amp against 230 without on a 2-core AMD EPYC with AVX2 only. GPUs, and CPUs
+    fp32: ppo_atari.py made 27 SPS with --amp against 221 without on a 2-core AMD EPYC with AVX2 only. GPUs, and CPUs
     whose flags cannot be read (not Linux, or not x86), get ""."""
     if device.type != "cpu" or not os.path.exists(cpuinfo):
         return ""

@@ -263,7 +263,10 @@ while (($#)); do
       "step_$1" "$2"
       shift
       ;;
-    *) die "unknown step '$1' (env, before REF, ab, table, wait N, profile, tests, collect DIR, train, atari GAMES, stop DIR)" ;;
+    *)
+      steps="env, before REF, ab, table, wait N, profile, tests, collect DIR, train, atari GAMES, stop DIR"
+      die "unknown step '$1' ($steps)"
+      ;;
   esac
   shift
 done
