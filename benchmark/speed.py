@@ -7,6 +7,7 @@
     python benchmark/speed.py table                           # throughput table -> benchmark/results/
     python benchmark/speed.py table --profile gpu             # the one-GPU table with its targets (~8 min, H100)
     python benchmark/speed.py ab --before c9316f8             # old and new code, interleaved, at the profile's rows
+    python benchmark/speed.py before c9316f8 .ab/before       # that commit's scripts in a folder, for ab --before
     python benchmark/speed.py concurrency --copies 1 2 4      # 1, 2, 4 copies at once: total SPS vs one alone
     python benchmark/speed.py concurrency --by-hand           # the same, started as a user would: no pinning
 
@@ -709,7 +710,7 @@ def before_code(before: str) -> tuple[str, str]:
     """The folder of the old scripts (and gpu_utils.py, which they import from beside them) and what it is: a folder
     as given (its REF file, written by `dev/gpu_check.sh before REF`, names the commit), or a git commit of this
     repository, copied out with `git archive` into a temporary folder."""
-    if os.path.isdir(before):
+    if os.path.isdir(before):  # made by `dev/gpu_check.sh before REF` (export_before)
         missing = [f for f in AB_SCRIPTS if not os.path.isfile(os.path.join(before, f))]
         if missing:
             raise UsageError(
@@ -722,21 +723,42 @@ def before_code(before: str) -> tuple[str, str]:
             with open(ref_file) as f:
                 ref = f.read().strip()
         return before, f"folder {before} (commit {ref})"
-    git = ["git", "-C", ROOT]
-    commit_cmd = [*git, "rev-parse", "--short", "--verify", "--quiet", f"{before}^{{commit}}"]
-    commit = subprocess.run(commit_cmd, capture_output=True, text=True)
-    if commit.returncode != 0:
+    folder = tempfile.mkdtemp(prefix="speed_before_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the copy lives as long as this tool
+    try:
+        commit = export_before(before, folder)
+    except UsageError:
         raise UsageError(
             f"--before {before}: neither a folder nor a commit of this repository (give a folder made by "
             "`dev/gpu_check.sh before REF`, or a commit where git and the history are at hand)"
-        )
-    folder = tempfile.mkdtemp(prefix="speed_before_")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the copy lives as long as this tool
-    archive = subprocess.run([*git, "archive", "--format=tar", before, *AB_SCRIPTS], capture_output=True)
+        ) from None
+    return folder, f"commit {commit}"
+
+
+def export_before(ref: str, folder: str) -> str:
+    """Copy commit ``ref``'s scripts and gpu_utils.py into ``folder`` with `git archive`, name the commit in its REF
+    file, and return the commit's short hash (`ab --before` on a commit, and `dev/gpu_check.sh before` for the GPU
+    machine, which has no history)."""
+    git = ["git", "-C", ROOT]
+    resolve = [*git, "rev-parse", "--short", "--verify", "--quiet", f"{ref}^{{commit}}"]
+    commit = subprocess.run(resolve, capture_output=True, text=True)
+    if commit.returncode != 0:
+        raise UsageError(f"before: '{ref}' is not a commit here")
+    archive = subprocess.run([*git, "archive", "--format=tar", ref, *AB_SCRIPTS], capture_output=True)
     if archive.returncode != 0:
-        raise UsageError(f"--before {before}: git archive failed: {archive.stderr.decode().strip().splitlines()[-1]}")
+        raise UsageError(f"before: git archive of {ref} failed: {archive.stderr.decode().strip().splitlines()[-1]}")
+    os.makedirs(folder, exist_ok=True)
     subprocess.run(["tar", "x", "-C", folder], input=archive.stdout, check=True)
-    return folder, f"commit {commit.stdout.strip()}"
+    with open(os.path.join(folder, "REF"), "w") as f:
+        f.write(commit.stdout.strip() + "\n")
+    return commit.stdout.strip()
+
+
+def cmd_before(a, _passthrough) -> int:
+    shutil.rmtree(a.folder, ignore_errors=True)
+    commit = export_before(a.ref, a.folder)
+    print(f"before: the scripts of commit {commit} in {a.folder}")
+    return 0
 
 
 def cmd_ab(a, _passthrough) -> int:
@@ -1041,6 +1063,10 @@ def parser() -> Parser:
     m.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     common(m)
 
+    e = sub.add_parser("before", help="copy a commit's scripts into a folder for `ab --before FOLDER`")
+    e.add_argument("ref", help="a commit of this repository")
+    e.add_argument("folder", help="where the scripts go (emptied first)")
+
     b = sub.add_parser("ab", help="old and new code at the same settings, interleaved on this machine")
     b.add_argument(
         "--before", required=True, help="the old code: a folder (dev/gpu_check.sh before REF) or a git commit"
@@ -1128,6 +1154,7 @@ def main(argv: list[str] | None = None) -> int:
             "ceiling": cmd_ceiling,
             "compare": cmd_compare,
             "ab": cmd_ab,
+            "before": cmd_before,
             "table": cmd_table,
             "concurrency": cmd_concurrency,
         }

@@ -75,17 +75,12 @@ step_table() {
   detach table "$PY" benchmark/speed.py table --profile gpu --out "$LOGS" --host gpu ${TABLE_ARGS:-}
 }
 
-step_before() {  # on the development machine: git archive of the old scripts, which the GPU machine cannot make
-  local ref=$1 commit
-  commit=$(git rev-parse --short --verify --quiet "$ref^{commit}") || die "before: '$ref' is not a commit here"
-  rm -rf .ab/before && mkdir -p .ab/before
-  git archive --format=tar "$commit" ppo_atari.py ppo_continuous.py dqn_snake_vec.py gpu_utils.py |
-    tar x -C .ab/before || die "before: git archive of $commit failed"
-  echo "$commit" >.ab/before/REF
+step_before() {  # on the development machine: the old scripts, which the GPU machine (no git history) cannot copy out
+  "$PY" benchmark/speed.py before "$1" .ab/before || exit 2
   local exclude
   exclude=$(git rev-parse --git-path info/exclude)
   grep -qx '/.ab/' "$exclude" 2>/dev/null || echo '/.ab/' >>"$exclude"
-  echo "before: the scripts of commit $commit in .ab/before (git-excluded); name .ab in the GPU call's carry"
+  echo "before: .ab/before is git-excluded; name .ab in the GPU call's carry"
 }
 
 step_ab() {
