@@ -676,12 +676,13 @@ if __name__ == "__main__":
             f"episodes (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
         )
         sys.exit(0)
-    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones (not for --eval-checkpoint)
+    # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
+    cpu_share = gpu_utils.CpuShare(threads)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
     amp_note = gpu_utils.bf16_note(device) if args.amp else ""
     if amp_note:
         print(amp_note)
-    print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, the games are torch ops too")
+    print(f"threads: {cpu_share.threads} ({cpu_share.why}): {cpu_share.threads} torch, the games are torch ops too")
     print("config:")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:

@@ -500,8 +500,8 @@ if __name__ == "__main__":
         torch.cuda.set_device(device)
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
-    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones
-    env_threads = min(args.env_threads or threads.threads, args.num_envs)  # the envs and the network take turns
+    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
+    env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)  # the envs and the network take turns
     if distributed:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
@@ -530,7 +530,8 @@ if __name__ == "__main__":
         amp_note = gpu_utils.bf16_note(device) if args.amp else ""
         if amp_note:
             print(amp_note)
-        print(f"threads: {threads.threads} ({threads.why}): {threads.threads} torch, {env_threads} stepping the envs")
+        torch_threads = cpu_share.threads
+        print(f"threads: {torch_threads} ({cpu_share.why}): {torch_threads} torch, {env_threads} stepping the envs")
         halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
         if args.async_envs:
             halves = f"one group; the policy acts on the first {args.async_envs} to finish (--overlap-envs: no effect)"

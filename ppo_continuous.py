@@ -437,13 +437,14 @@ if __name__ == "__main__":
             f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"
         )
         sys.exit(0)
-    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones (not for --eval-checkpoint)
+    # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
+    cpu_share = gpu_utils.CpuShare(threads, max_torch_threads=torch_threads)
     print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
     amp_note = gpu_utils.bf16_note(device) if args.amp else ""
     if amp_note:
         print(amp_note)
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
-    print(f"threads: {threads.threads} ({threads.why}): {torch_threads} torch, {env_threads}")
+    print(f"threads: {cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, {env_threads}")
     print(f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
@@ -669,7 +670,6 @@ if __name__ == "__main__":
             scalars["charts/SPS"] = sps
         if cpu_share.update():  # another run started or ended: this run's share of the CPUs changed
             print(f"threads: {cpu_share.threads} ({cpu_share.why})")
-            torch.set_num_threads(min(torch_threads, cpu_share.threads))  # a small MLP keeps its one torch thread
         scalars["threads/torch"] = torch.get_num_threads()
         for key, value in scalars.items():
             writer.add_scalar(key, value, global_step)

@@ -106,7 +106,7 @@ def test_same_runtime_flags_log_keys_and_messages(script):
     assert f'script="{name}"' in text
     assert f"not {name}.py; use a checkpoint {name}.py wrote" in text
     # hand-started runs share the CPUs; a tracked run closes its wandb run
-    assert "gpu_utils.CpuShare(threads)" in text and "cpu_share.update()" in text and "cpu_share.close()" in text
+    assert "gpu_utils.CpuShare(threads" in text and "cpu_share.update()" in text and "cpu_share.close()" in text
     assert "wandb.finish()" in text
 
 

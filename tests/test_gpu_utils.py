@@ -357,9 +357,10 @@ def eight_cpus(monkeypatch):
 def test_cpu_share_live_runs_get_disjoint_shares_of_all_cores(eight_cpus, tmp_path):
     shares = [gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0)]
     assert shares[0].update() is False and shares[0].threads == 8  # alone: keeps every core, nothing changed
-    for runs in (2, 3):  # a second, then a third run starts
+    for runs in (2, 3):  # a second, then a third run starts: it takes its share at once, the others at their update
         shares.append(gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0))
-        assert all(share.update() for share in shares)
+        assert f"of {runs} live runs" in shares[-1].why and shares[-1].update() is False
+        assert all(share.update() for share in shares[:-1])
         parts = [share._part for share in shares]
         assert sorted(sum(parts, [])) == list(range(8))  # disjoint, and together all the cores
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
@@ -382,7 +383,7 @@ def test_cpu_share_frees_a_killed_runs_place(eight_cpus, tmp_path):
     try:
         assert other.stdout.readline().strip() == "ready"
         share = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0)
-        assert share.update() is True and share.threads == 4 and len(share.live_runs()) == 2
+        assert share.threads == 4 and len(share.live_runs()) == 2
         other.kill()  # SIGKILL: no cleanup, the OS drops its flock
         other.wait()
         assert share.update() is True and share.threads == 8 and share.why == "alone: all its CPUs"
@@ -391,6 +392,23 @@ def test_cpu_share_frees_a_killed_runs_place(eight_cpus, tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_cpu_share_a_run_started_beside_live_ones_takes_its_share_at_once(eight_cpus, tmp_path):
+    """Before its first iteration: two runs started together would otherwise each spend it on every core. A small
+    MLP's one torch thread stays one; an older run's share shrinks at its next update."""
+    older = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0)
+    assert (older.threads, older.why) == (8, "CPU affinity") and eight_cpus == []  # alone: nothing changed
+    newer = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0, max_torch_threads=1)
+    assert (newer.threads, newer.why) == (4, "run 2 of 2 live runs: CPUs [4, 5, 6, 7]")
+    assert eight_cpus == [("threads", 1), ("cpus", [4, 5, 6, 7])]  # set before the run's first step
+    assert (
+        older.update() is True
+        and older._part == [0, 1, 2, 3]
+        and eight_cpus[-2:] == [("threads", 4), ("cpus", [0, 1, 2, 3])]
+    )
+    newer.close()
+    older.close()
 
 
 def test_cpu_share_never_overrides_an_explicit_budget(eight_cpus, tmp_path, monkeypatch):
