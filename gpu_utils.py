@@ -238,8 +238,9 @@ class CpuShare:
     and CPU affinity. A run alone keeps every core. The constructor registers the run and takes its share at once,
     so a run started beside live ones sizes its env threads to its share and does not spend its first iteration on
     every core (two short ``ppo_atari.py`` runs started together on a 2-core VM: 25-26 s until both had finished
-    when each began on every core, 17-18 s when the second began on its share). Inert
-    (``update()`` always False) when the budget is explicit: ``--num-threads``, ``OMP_NUM_THREADS``,
+    when each began on every core, 17-18 s when the second began on its share).
+
+    Inert (``update()`` always False) when the budget is explicit: ``--num-threads``, ``OMP_NUM_THREADS``,
     ``SLURM_CPUS_PER_TASK`` or an affinity narrower than the machine (a sweep's ``taskset``), or without ``fcntl``.
     """
 
