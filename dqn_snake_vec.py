@@ -682,7 +682,8 @@ if __name__ == "__main__":
     amp_note = gpu_utils.bf16_note(device) if args.amp else ""
     if amp_note:
         print(amp_note)
-    print(f"threads: {cpu_share.threads} ({cpu_share.why}): {cpu_share.threads} torch, the games are torch ops too")
+    share = f"{cpu_share.threads} ({cpu_share.why})"
+    print(f"threads: {share}: {torch.get_num_threads()} torch, the games are torch ops too")
     print("config:")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:

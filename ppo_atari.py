@@ -530,8 +530,8 @@ if __name__ == "__main__":
         amp_note = gpu_utils.bf16_note(device) if args.amp else ""
         if amp_note:
             print(amp_note)
-        torch_threads = cpu_share.threads
-        print(f"threads: {torch_threads} ({cpu_share.why}): {torch_threads} torch, {env_threads} stepping the envs")
+        share = f"{cpu_share.threads} ({cpu_share.why})"
+        print(f"threads: {share}: {torch.get_num_threads()} torch, {env_threads} stepping the envs")
         halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
         if args.async_envs:
             halves = f"one group; the policy acts on the first {args.async_envs} to finish (--overlap-envs: no effect)"

@@ -444,7 +444,8 @@ if __name__ == "__main__":
     if amp_note:
         print(amp_note)
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
-    print(f"threads: {cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, {env_threads}")
+    share = f"{cpu_share.threads} ({cpu_share.why})"
+    print(f"threads: {share}: {torch.get_num_threads()} torch, {env_threads}")
     print(f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)")
     for key, value in vars(args).items():
         if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:

@@ -723,40 +723,45 @@ def before_code(before: str) -> tuple[str, str]:
             with open(ref_file) as f:
                 ref = f.read().strip()
         return before, f"folder {before} (commit {ref})"
-    folder = tempfile.mkdtemp(prefix="speed_before_")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the copy lives as long as this tool
-    try:
-        commit = export_before(before, folder)
-    except UsageError:
+    commit = resolve_commit(before)
+    if not commit:
         raise UsageError(
             f"--before {before}: neither a folder nor a commit of this repository (give a folder made by "
             "`dev/gpu_check.sh before REF`, or a commit where git and the history are at hand)"
-        ) from None
+        )
+    folder = tempfile.mkdtemp(prefix="speed_before_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the copy lives as long as this tool
+    export_before(commit, folder)
     return folder, f"commit {commit}"
 
 
-def export_before(ref: str, folder: str) -> str:
-    """Copy commit ``ref``'s scripts and gpu_utils.py into ``folder`` with `git archive`, name the commit in its REF
-    file, and return the commit's short hash (`ab --before` on a commit, and `dev/gpu_check.sh before` for the GPU
-    machine, which has no history)."""
-    git = ["git", "-C", ROOT]
-    resolve = [*git, "rev-parse", "--short", "--verify", "--quiet", f"{ref}^{{commit}}"]
-    commit = subprocess.run(resolve, capture_output=True, text=True)
-    if commit.returncode != 0:
-        raise UsageError(f"before: '{ref}' is not a commit here")
-    archive = subprocess.run([*git, "archive", "--format=tar", ref, *AB_SCRIPTS], capture_output=True)
+def resolve_commit(ref: str) -> str:
+    """The short hash of commit ``ref`` of this repository, or "" when it is none (or git is not at hand)."""
+    resolve = ["git", "-C", ROOT, "rev-parse", "--short", "--verify", "--quiet", f"{ref}^{{commit}}"]
+    try:
+        return subprocess.run(resolve, capture_output=True, text=True).stdout.strip()
+    except FileNotFoundError:  # no git
+        return ""
+
+
+def export_before(commit: str, folder: str) -> None:
+    """Copy ``commit``'s scripts and gpu_utils.py into ``folder`` with `git archive` and name the commit in its REF
+    file (`ab --before` on a commit, and `dev/gpu_check.sh before` for the GPU machine, which has no history)."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", commit, *AB_SCRIPTS], capture_output=True)
     if archive.returncode != 0:
-        raise UsageError(f"before: git archive of {ref} failed: {archive.stderr.decode().strip().splitlines()[-1]}")
+        raise UsageError(f"before: git archive of {commit} failed: {archive.stderr.decode().strip().splitlines()[-1]}")
     os.makedirs(folder, exist_ok=True)
     subprocess.run(["tar", "x", "-C", folder], input=archive.stdout, check=True)
     with open(os.path.join(folder, "REF"), "w") as f:
-        f.write(commit.stdout.strip() + "\n")
-    return commit.stdout.strip()
+        f.write(commit + "\n")
 
 
 def cmd_before(a, _passthrough) -> int:
+    commit = resolve_commit(a.ref)
+    if not commit:
+        raise UsageError(f"before: '{a.ref}' is not a commit here")
     shutil.rmtree(a.folder, ignore_errors=True)
-    commit = export_before(a.ref, a.folder)
+    export_before(commit, a.folder)
     print(f"before: the scripts of commit {commit} in {a.folder}")
     return 0
 
