@@ -13,7 +13,8 @@ TRAIN_COMMAND = (
     ".venv/bin/python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7"
 )
 TEST_COMMAND = (
-    'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test]" && .venv/bin/python -m pytest -q'
+    'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test]" && '
+    ".venv/bin/python -m pytest -q -n auto"
 )
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")  # [text](target), not images
