@@ -16,8 +16,10 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKER and WORKERS > 1 and hasattr(os, "sched_setaffinity"):
     cpus = sorted(os.sched_getaffinity(0))
     k = int(WORKER[2:])
-    mine = cpus[k * len(cpus) // WORKERS : (k + 1) * len(cpus) // WORKERS] or [cpus[k % len(cpus)]]
-    os.sched_setaffinity(0, mine)
+    if WORKERS <= len(cpus):  # contiguous groups whose sizes differ by at most one
+        os.sched_setaffinity(0, cpus[k * len(cpus) // WORKERS : (k + 1) * len(cpus) // WORKERS])
+    else:  # more workers than CPUs: round robin
+        os.sched_setaffinity(0, [cpus[k % len(cpus)]])
 
 import torch  # noqa: E402
 
