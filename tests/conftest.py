@@ -7,21 +7,18 @@ import shutil
 import tempfile
 
 import pytest
+import torch
+
+import gpu_utils
 
 # Under `pytest -n N` each worker (and every run it starts) gets its own 1/N of the CPUs: a run sizes its threads to
-# the CPUs it may use, so the N workers' runs fill the machine once instead of N times over. Set before torch loads:
-# its OpenMP pool takes its size from the affinity then.
+# the CPUs it may use, so the N workers' runs fill the machine once instead of N times over
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKER and WORKERS > 1 and hasattr(os, "sched_setaffinity"):
-    cpus = sorted(os.sched_getaffinity(0))
-    k = int(WORKER[2:])
-    if WORKERS <= len(cpus):  # contiguous groups whose sizes differ by at most one
-        os.sched_setaffinity(0, cpus[k * len(cpus) // WORKERS : (k + 1) * len(cpus) // WORKERS])
-    else:  # more workers than CPUs: round robin
-        os.sched_setaffinity(0, [cpus[k % len(cpus)]])
-
-import torch  # noqa: E402
+    mine = gpu_utils.split_cpus(gpu_utils.allowed_cpus(), WORKERS)[int(WORKER[2:])]
+    os.sched_setaffinity(0, mine)
+    torch.set_num_threads(len(mine))  # torch sized its pool when it loaded, to every CPU
 
 os.environ.setdefault("WANDB_MODE", "offline")
 # CpuShare counts the live runs in $XDG_RUNTIME_DIR/gpu-rl: a folder of the tests' own, so that a training run left
