@@ -123,6 +123,7 @@ RUNTIME_FLAGS |= {"buffer_device", "eval_epsilon"}
 def validate(args):
     """Raise ValueError with the one-line message of the first setting that cannot work."""
     h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
+    epsilons = (args.start_e, args.end_e, args.eval_epsilon)
     checks = {  # the one-line error for each condition that must hold
         f"--height and --width must be at least 3, got {h} x {w}": min(h, w) >= 3,
         f"--num-envs must be at least 1, got {n}": n >= 1,
@@ -136,6 +137,17 @@ def validate(args):
         "--target-network-frequency must be at least 1": args.target_network_frequency >= 1,
         "--exploration-fraction must be in (0, 1]": 0 < args.exploration_fraction <= 1,
         "--eval-episodes must be at least 1": args.eval_episodes >= 1,
+        f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
+        f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
+        f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": 0
+        <= min(epsilons)
+        <= max(epsilons)
+        <= 1,
+        f"--learning-starts must be at least 0, got {args.learning_starts}": args.learning_starts >= 0,
+        f"--log-every must be at least 1 (env steps), got {args.log_every}": args.log_every >= 1,
+        f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {args.checkpoint_every}": (
+            args.checkpoint_every >= 0
+        ),
     }
     failed = [message for message, ok in checks.items() if not ok]
     if failed:

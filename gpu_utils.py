@@ -62,6 +62,10 @@ def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None =
     would put two processes on one GPU, which NCCL refuses: that is a ``DeviceError`` here, before any process
     group starts.
     """
+    if session < 0 or (cuda_offset is not None and cuda_offset < 0):  # on the CPU too: a sweep's typo shows at once
+        raise DeviceError(
+            f"--session {session} and --cuda-offset {cuda_offset} must be at least 0 (or the offset unset)"
+        )
     if isinstance(gpu, bool):  # never let False become device 0
         gpu = "true" if gpu else "false"
     text = str(gpu).strip().lower()

@@ -463,7 +463,23 @@ if __name__ == "__main__":
             f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"': (
                 args.env_id in gym.envs.registry and args.env_id[:4] == "ALE/" and args.env_id[-3:] == "-v5"
             ),
-            f"--gae-lambda {args.gae_lambda} must be in [0, 1]": 0.0 <= args.gae_lambda <= 1.0,
+            f"--gae-lambda must be in [0, 1], got {args.gae_lambda}": 0.0 <= args.gae_lambda <= 1.0,
+            f"--gamma must be in [0, 1], got {args.gamma}": 0.0 <= args.gamma <= 1.0,
+            f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
+            f"--clip-coef must be positive, got {args.clip_coef}": args.clip_coef > 0,
+            f"--ent-coef and --vf-coef must be at least 0, got {args.ent_coef} and {args.vf_coef}": (
+                min(args.ent_coef, args.vf_coef) >= 0
+            ),
+            f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
+            f"--target-kl must be positive (or left unset), got {args.target_kl}": (
+                args.target_kl is None or args.target_kl > 0
+            ),
+            f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {args.checkpoint_every}": (
+                args.checkpoint_every >= 0
+            ),
+            f"--env-threads must be at least 0 (0: the run's CPU threads), got {args.env_threads}": (
+                args.env_threads >= 0
+            ),
             "--num-envs, --num-steps, --update-epochs, --eval-episodes, --max-episode-frames: >= 1": min(sizes) >= 1,
             f"--async-envs {args.async_envs}: 0 (off), or a batch from 1 to --num-envs - 1 ({args.num_envs - 1})": (
                 args.async_envs == 0 or 1 <= args.async_envs < args.num_envs

@@ -137,6 +137,16 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
     checks = {  # the one-line error for each condition that must hold (the batch sizes below need these)
         "--num-envs, --num-steps, --update-epochs and --eval-episodes must be at least 1": min(counts) >= 1,
         f"--gae-lambda must be in [0, 1], got {args.gae_lambda}": 0.0 <= args.gae_lambda <= 1.0,
+        f"--gamma must be in [0, 1], got {args.gamma}": 0.0 <= args.gamma <= 1.0,
+        f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
+        f"--clip-coef must be positive, got {args.clip_coef}": args.clip_coef > 0,
+        f"--ent-coef and --vf-coef must be at least 0, got {args.ent_coef} and {args.vf_coef}": (
+            min(args.ent_coef, args.vf_coef) >= 0
+        ),
+        f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
+        f"--target-kl must be positive (or left unset), got {args.target_kl}": (
+            args.target_kl is None or args.target_kl > 0
+        ),
         "pass either --minibatch-size or --num-minibatches, not both": args.num_minibatches is None or not sized,
     }
     failed = [message for message, ok in checks.items() if not ok]
@@ -410,6 +420,9 @@ if __name__ == "__main__":
             device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
         if args.cudagraphs and device.type != "cuda":
             raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
+        if args.checkpoint_every < 0:  # a runtime flag: checked on --resume too
+            every = args.checkpoint_every
+            raise ValueError(f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {every}")
         threads = gpu_utils.thread_budget(args.num_threads)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -73,6 +73,19 @@ def test_a_file_that_is_no_checkpoint_is_one_line_error(script, flag, tmp_path):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize(
+    "flag, value, words",
+    [
+        ("--learning-rate", "-1", ["--learning-rate must be at least 0, got -1.0"]),  # was torch's bare traceback
+        ("--checkpoint-every", "-1", ["--checkpoint-every must be at least 0", "got -1"]),  # was: every iteration
+    ],
+)
+def test_settings_shared_by_every_script_are_checked_the_same_way(script, flag, value, words, tmp_path):
+    assert_one_line_error(run(script, [*TINY[script], flag, value], tmp_path), *words)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_eval_saved_model_and_checkpoint(script, finished, tmp_path):
     run_dir = finished(script)
     for path in [run_dir / f"{script}.model", run_dir / "checkpoint.pt"]:

@@ -539,6 +539,13 @@ def test_bad_input_is_one_line_error(tmp_path):
         (dict(n_step=0), "--n-step"),
         (dict(buffer_size=16), "--buffer-size"),
         (dict(gamma=1.5), "--gamma"),
+        (dict(learning_rate=-1e-3), "--learning-rate must be at least 0"),
+        (dict(max_grad_norm=-1.0), "--max-grad-norm must be positive"),
+        (dict(start_e=2.0), r"--start-e, --end-e and --eval-epsilon must be in \[0, 1\], got \(2.0"),
+        (dict(eval_epsilon=-0.1), "--eval-epsilon"),
+        (dict(learning_starts=-5), "--learning-starts must be at least 0"),
+        (dict(log_every=0), "--log-every must be at least 1"),
+        (dict(checkpoint_every=-1), "--checkpoint-every must be at least 0"),
     ],
 )
 def test_bad_arguments_are_rejected(changes, needle):

@@ -56,6 +56,9 @@ def test_select_device_without_cuda(fake_gpus):
         select_device("true")
     with pytest.raises(DeviceError, match="no GPU"):
         select_device("cuda:7")
+    for session, offset in [(-1, None), (0, -2)]:  # refused on the CPU too, not only where a GPU is rotated to
+        with pytest.raises(DeviceError, match="must be at least 0"):
+            select_device("auto", session, offset)
 
 
 def test_device_label_names_the_gpu_or_the_cpu_and_its_cores(monkeypatch):

@@ -214,6 +214,12 @@ def bad_checkpoint(tmp_path_factory):
         (["--env-id", "ALE/NoSuchGame-v5"], "list valid ids"),
         (["--env-id", "CartPole-v1"], "unknown env id"),
         (["--gae-lambda", "1.5"], "--gae-lambda"),
+        (["--gamma", "2"], "--gamma must be in [0, 1], got 2.0"),
+        (["--clip-coef", "-1"], "--clip-coef must be positive"),
+        (["--ent-coef", "-0.01"], "--ent-coef and --vf-coef must be at least 0"),
+        (["--max-grad-norm", "-1"], "--max-grad-norm must be positive"),  # would flip the gradients
+        (["--target-kl", "-1"], "--target-kl must be positive"),  # would stop every update after one epoch
+        (["--env-threads", "-3"], "--env-threads must be at least 0"),
         (["--minibatch-size", "7"], "valid sizes near it"),
         (["--num-minibatches", "5"], "valid: 1, 2, 4, 8"),
         (["--gpu", "true"], "CUDA is not available"),

@@ -108,6 +108,12 @@ def test_discrete_env_gives_one_line_error(tmp_path):
     "argv,match",
     [
         (["--gae-lambda", "1.5"], "gae-lambda"),
+        (["--gamma", "1.01"], "--gamma must be in"),
+        (["--learning-rate", "-1"], "--learning-rate must be at least 0"),
+        (["--clip-coef", "0"], "--clip-coef must be positive"),
+        (["--vf-coef", "-0.5"], "--ent-coef and --vf-coef must be at least 0"),
+        (["--max-grad-norm", "0"], "--max-grad-norm must be positive"),
+        (["--target-kl", "0"], "--target-kl must be positive"),
         (["--num-minibatches", "3"], "does not divide"),
         (["--minibatch-size", "64", "--num-minibatches", "32"], "not both"),
         (["--num-envs", "0"], "at least 1"),
