@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -34,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import gpu_utils  # noqa: E402
-from ppo_atari import Agent, Args, EpisodeTracker, make_envs, ppo_loss  # noqa: E402
+from ppo_atari import Agent, Args, EpisodeTracker, make_envs, ppo_loss  # noqa: E402  (registers the ALE ids)
 
 
 def sync(device: torch.device) -> None:
@@ -259,10 +260,29 @@ def main() -> int:
     p.add_argument("--host-only", action="store_true", help="time the rollout's host work alone on the CPU")
     p.add_argument("--repeats", type=int, default=20, help="repeats of the host work timing (--host-only)")
     o = p.parse_args()
+    checks = {  # the one-line error for each condition that must hold (ale-py crashes on 0 envs)
+        f"--env-id {o.env_id!r} is not an ALE/<Game>-v5 id": o.env_id.startswith("ALE/") and o.env_id in gym.registry,
+        f"--num-envs must be at least 2 (two halves are timed), got {o.num_envs}": o.num_envs >= 2,
+        "--num-steps, --minibatch-size and --repeats must be at least 1": (
+            min(o.num_steps, o.minibatch_size, o.repeats) >= 1
+        ),
+        f"--steps must be at least 6 (the first 5 are warm-up), got {o.steps}": o.steps >= 6,
+        f"--iterations must be at least 2 (the first is warm-up), got {o.iterations}": o.iterations >= 2,
+        f"--device {o.device} needs CUDA, which is not available here; use auto or cpu": (
+            o.device in ("auto", "cpu") or torch.cuda.is_available()
+        ),
+    }
+    failed = [message for message, ok in checks.items() if not ok]
+    try:
+        if failed:
+            raise ValueError(failed[0])
+        gpu = {"auto": "auto", "cuda": "true", "cpu": "false"}.get(o.device, o.device)
+        device, _ = gpu_utils.select_device(gpu)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if o.host_only:
         return host_only(o)
-    gpu = {"auto": "auto", "cuda": "true", "cpu": "false"}.get(o.device, o.device)
-    device, _ = gpu_utils.select_device(gpu)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)

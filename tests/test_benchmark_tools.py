@@ -34,6 +34,19 @@ def test_profile_atari_times_every_phase_and_predicts_sps(tmp_path):
     assert len(predictions) == 2 and all(int(p.replace(",", "")) > 0 for p in predictions)
 
 
+def test_profile_atari_bad_options_are_one_line_errors():
+    """--num-envs 0 crashed ale-py with a segmentation fault and --repeats 0 ended in a traceback."""
+    script = os.path.join(ROOT, "benchmark", "profile_atari.py")
+    for args, words in [
+        (["--num-envs", "0"], "--num-envs must be at least 2"),
+        (["--host-only", "--repeats", "0"], "--repeats must be at least 1"),
+    ]:
+        res = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2, res.stdout + res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], res.stderr
+
+
 def test_gpu_check_refuses_an_unknown_step():
     res = subprocess.run(
         ["bash", os.path.join(ROOT, "dev", "gpu_check.sh"), "nope"],
