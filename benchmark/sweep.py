@@ -202,6 +202,14 @@ def atari_lambdas(csv_path: str) -> dict[str, str]:
         return {row["game"]: row["gae_lambda"] for row in csv.DictReader(f) if row.get("game")}
 
 
+def unknown_env_ids(env_ids: Sequence[str]) -> list[str]:
+    """The ids that gymnasium does not know: a typo caught before a sweep starts runs that would each stop at once."""
+    import ale_py  # noqa: F401  (importing it registers the ALE/<Game>-v5 ids)
+    import gymnasium as gym
+
+    return [env_id for env_id in env_ids if env_id not in gym.registry]
+
+
 def atari_grid(
     games: Sequence[str], seeds: Sequence[str], passthrough: Sequence[str], gae_lambda: str = "", csv_path: str = ""
 ) -> list[Run]:
@@ -209,6 +217,9 @@ def atari_grid(
     every game, and a --gae-lambda after -- is used as given."""
     if has_flag(passthrough, "--env-id"):
         raise SweepError("choose games with --games before --, not --env-id after it")
+    unknown = unknown_env_ids([f"ALE/{game.removeprefix('ALE/').removesuffix('-v5')}-v5" for game in games])
+    if unknown:
+        raise SweepError(f'unknown game {unknown[0]}; name games as ALE spells them, e.g. --games "Breakout MsPacman"')
     table = atari_lambdas(csv_path or os.path.join(REPO_ROOT, "benchmark", "atari_lambdas.csv"))
     exp_name = flag_value(passthrough, "--exp-name") or "ppo_atari"
     runs = []
@@ -238,6 +249,9 @@ def continuous_grid(
         raise SweepError("choose presets with --presets before --, not --preset after it")
     if has_flag(passthrough, "--env-id"):
         raise SweepError("choose envs with --envs before --, not --env-id after it")
+    unknown = unknown_env_ids(envs)
+    if unknown:
+        raise SweepError(f'unknown env id {unknown[0]}; use gymnasium\'s ids, e.g. --envs "HalfCheetah-v5 Hopper-v5"')
     runs = []
     for env_id in envs:
         for preset in presets:

@@ -158,6 +158,9 @@ def test_continuous_and_snake_grids():
         (lambda: sweep.snake_grid(["6"], ["8"], ["1"], ["--num-envs", "3"]), "--sizes/--num-envs"),
         (lambda: sweep.continuous_grid(["Hopper-v5"], ["huge"], ["1"], []), "unknown preset 'huge'"),
         (lambda: sweep.continuous_grid(["Hopper-v5"], ["fast"], ["1"], ["--env-id=Hopper-v5"]), "--envs"),
+        # a typo stops the sweep before it starts runs that would each stop at once
+        (lambda: sweep.continuous_grid(["Hoper-v5"], ["default"], ["1"], []), "unknown env id Hoper-v5"),
+        (lambda: sweep.atari_grid(["Pong", "Breakuot"], ["1"], []), "unknown game ALE/Breakuot-v5"),
     ]:
         with pytest.raises(sweep.SweepError, match=re.escape(hint)):
             call()
