@@ -19,6 +19,10 @@ resumed from are dropped: that work was lost with the process (a crash after the
 The wall time leaves out the gaps between segments; a run whose segments ran on different devices gets one SPS per
 device, and a Segments section lists every part.
 
+Training statistics: per run, the means of the return and of the logged entropy, clipfrac, approx KL, value (or TD)
+loss, explained variance and learning rate over each tenth of its budget, up to where it stands: what a score short
+of a reference is read against (the curve's shape, an entropy collapse, updates that stopped moving the policy).
+
 Status: a run's ``checkpoint.pt`` says how it stands (the scripts write "running" periodically, "stopped" when a
 signal stopped them, "finished" at the end): finished is "done", stopped is "stopped at X%" with the --resume
 command. A run whose checkpoint says running (or that has none) is "running" while its events are recent
@@ -41,6 +45,17 @@ from sweep import parse_run_name  # the run-id convention <env>__<exp>__<seed>__
 
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
+# what a shortfall is read against: the training statistics, as means over each tenth of a run's budget
+STAT_TAGS = {
+    "losses/entropy": "entropy",
+    "losses/clipfrac": "clipfrac",
+    "losses/approx_kl": "approx KL",
+    "losses/value_loss": "value loss",
+    "losses/td_loss": "TD loss",
+    "losses/explained_variance": "explained variance",
+    "charts/learning_rate": "learning rate",
+}
+STAT_BANDS = 10
 HERE = os.path.dirname(os.path.abspath(__file__))
 DASH = "-"
 
@@ -84,6 +99,7 @@ class Run:
     checkpoint: str | None = None  # path of checkpoint.pt, when the run has one
     checkpoint_status: str | None = None  # running | stopped | finished, as the checkpoint says
     checkpoint_step: int = 0
+    stats: dict[str, np.ndarray] = field(default_factory=dict)  # STAT_TAGS tag -> (n, 2) array of (step, value)
 
     @property
     def episodes(self) -> int:
@@ -193,7 +209,7 @@ def load_run(path: str) -> Run | None:
             parts.append((name, scalars, texts))
     parts.sort(key=lambda part: min(e[1] for events in part[1].values() for e in events))  # in the order they ran
     starts = [min(e[0] for events in scalars.values() for e in events) for _, scalars, _ in parts]
-    returns, sps_all, sps_device = [], [], {}
+    returns, sps_all, sps_device, stats = [], [], {}, {}
     for i, (name, scalars, texts) in enumerate(parts):
         # the next segment resumed from a checkpoint at its start step: what this one logged after that was lost
         keep_until = starts[i + 1] if i + 1 < len(parts) else None
@@ -215,6 +231,8 @@ def load_run(path: str) -> Run | None:
                 seg.sps = float(np.median([e[2] for e in kept]))
                 sps_all += [e[2] for e in kept]
                 sps_device.setdefault(seg.device, []).extend(e[2] for e in kept)
+            elif tag in STAT_TAGS:
+                stats.setdefault(tag, []).extend((e[0], e[2]) for e in kept)
         run.segments.append(seg)
         for tag, text in texts.items():
             if tag == "hyperparameters":
@@ -223,6 +241,7 @@ def load_run(path: str) -> Run | None:
         returns.sort(key=lambda r: r[0])  # stable: episodes that ended at the same step keep their order
         run.steps = np.array([r[0] for r in returns], dtype=np.float64)
         run.returns = np.array([r[1] for r in returns], dtype=np.float64)
+    run.stats = {tag: np.array(sorted(values), dtype=np.float64) for tag, values in stats.items()}
     if sps_all:
         run.sps = float(np.median(sps_all))
         run.sps_by_device = {device: float(np.median(values)) for device, values in sps_device.items()}
@@ -414,6 +433,57 @@ def segments_section(runs: list[Run]) -> list[str]:
     return lines
 
 
+def fmt_steps(step: float) -> str:
+    """Steps in a band's label: 2.5M, 640k, 900."""
+    if step >= 1e6:
+        return f"{step / 1e6:.3g}M"
+    return f"{step / 1e3:.3g}k" if step >= 1e3 else f"{step:.3g}"
+
+
+def band_means(values: np.ndarray, edges: np.ndarray) -> list[float | None]:
+    """The mean of the values logged at steps in each band (lo, hi] of ``edges``; None for a band with none."""
+    means = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = (values[:, 0] > lo) & (values[:, 0] <= hi) if len(values) else np.zeros(0, dtype=bool)
+        means.append(float(values[inside, 1].mean()) if inside.any() else None)
+    return means
+
+
+def stats_section(runs: list[Run]) -> list[str]:
+    """Per run, the means of its training statistics (entropy, clipfrac, approx KL, value loss, explained variance,
+    learning rate) and of its episodic return over each tenth of its budget, up to the step it reached: the shape of
+    the curve and what the losses did meanwhile, which is what a score short of a reference is read against."""
+    lines = []
+    for r in runs:
+        tags = [tag for tag in STAT_TAGS if tag in r.stats]
+        total = r.total_timesteps or r.last_step
+        if not tags or total <= 0 or r.last_step <= 0:
+            continue
+        edges = np.linspace(0, total, STAT_BANDS + 1)
+        edges = edges[: int(np.searchsorted(edges, r.last_step)) + 1]  # the bands the run has reached
+        if r.last_step + max(r.iteration_steps, 1) <= edges[-1]:  # short of its band's end by an iteration or more
+            edges[-1] = r.last_step
+        returns = np.column_stack([r.steps, r.returns]) if r.episodes else np.zeros((0, 2))
+        columns = [band_means(returns, edges)] + [band_means(r.stats[tag], edges) for tag in tags]
+        lines += [
+            "",
+            f"{r.name}:",
+            "",
+            "| steps | return | " + " | ".join(STAT_TAGS[tag] for tag in tags) + " |",
+            "|---" * (len(tags) + 2) + "|",
+        ]
+        for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+            cells = [fmt_num(columns[0][i])] + [DASH if c[i] is None else f"{c[i]:.3g}" for c in columns[1:]]
+            lines.append(f"| {fmt_steps(lo)}-{fmt_steps(hi)} | " + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    intro = (
+        f"Means over each tenth of a run's budget (its last band ends where the run stands): the episodic return "
+        f"of the games that ended in it, and each statistic as logged once per iteration ({', '.join(STAT_TAGS)})."
+    )
+    return ["", "## Training statistics", "", intro, *lines]
+
+
 def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s: float) -> str:
     by_group: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
@@ -459,6 +529,7 @@ def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s:
             f"{fmt_time(r.wall_time)} | {sps} | {device} | {r.status(now, recent_s, long=True)} |"
         )
     lines += segments_section([r for r in ordered if len(r.segments) > 1])
+    lines += stats_section(ordered)
     lines += ["", *references_section(sorted({r.env for r in runs}), refs)]
     return "\n".join(lines) + "\n"
 

@@ -289,6 +289,37 @@ def test_report_joins_a_run_resumed_on_other_machines(tmp_path):
     assert seg[2][2:] == [cpu, "1,200–2,000", "1m20s", "50", "8", "-"]
 
 
+def test_report_training_statistics_per_tenth_of_the_budget(tmp_path):
+    """A shortfall is read against the curve's shape and the losses: per run, the means of the return and of each
+    logged statistic over each tenth of the budget (here 100 of 1,000 steps), up to where the run stands (450, an
+    iteration of 50 short of its band's end), without the steps a crashed process logged after its last checkpoint."""
+    run_dir = tmp_path / "runs" / "ALE_Pong-v5__ppo_atari__1__1700000000"
+    first = SummaryWriter(str(run_dir))
+    first.add_text("hyperparameters", "|param|value|\n|-|-|\n|total_timesteps|1000|\n|num_envs|5|\n|num_steps|10|")
+    for step in range(50, 451, 50):  # crashes after 450; the next process resumes from the checkpoint at 300
+        first.add_scalar("losses/entropy", step / 50, step, walltime=1000.0 + step)
+    for step, score in [(30, 1.0), (90, 3.0), (120, 10.0), (420, -50.0)]:
+        first.add_scalar("charts/episodic_return", score, step, walltime=1000.0 + step)
+    first.close()
+    second = SummaryWriter(str(run_dir))
+    second.add_scalar("memory/estimated_mib", 160.0, 300, walltime=9000.0)  # logged at the step it resumed from
+    for step in (350, 400, 450):
+        second.add_scalar("losses/entropy", 100.0, step, walltime=9000.0 + step)
+    second.close()
+    res = run_report(tmp_path / "runs", "--out", tmp_path / "out", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    section = (tmp_path / "out" / "report.md").read_text().split("## Training statistics")[1].split("## References")[0]
+    assert "| steps | return | entropy |" in section  # only the statistics the run logged
+    rows = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows == [
+        "| 0-100 | 2.0 | 1.5 |",
+        "| 100-200 | 10.0 | 3.5 |",
+        "| 200-300 | - | 5.5 |",  # the first process's up to the step the second resumed from
+        "| 300-400 | - | 100 |",
+        "| 400-450 | - | 100 |",  # the lost game at 420 and the lost entropies 7, 8, 9 are left out
+    ]
+
+
 def test_report_single_process_run_has_no_segments_section(report):
     text = (report[1] / "report.md").read_text()
     assert "## Segments" not in text
