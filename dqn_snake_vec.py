@@ -663,6 +663,16 @@ if __name__ == "__main__":
         device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
         if args.cudagraphs and device.type != "cuda":
             raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
+        # the replay memory holds two uint8 observations per transition: it grows with the board's area
+        replay_device = torch.device("cpu") if args.buffer_device == "cpu" else device
+        replay_bytes = args.buffer_size * (2 * 4 * args.height * args.width + 17)
+        free = gpu_utils.free_memory(replay_device)
+        if free is not None and replay_bytes > free and not eval_ckpt:  # an evaluation makes no replay memory
+            need = f"{replay_bytes / 2**30:.1f} GiB of replay memory"
+            raise ValueError(
+                f"--buffer-size {args.buffer_size} on {args.height}x{args.width} boards needs {need}, more than the "
+                f"{free / 2**30:.1f} GiB free on {replay_device}; lower --buffer-size or the board size"
+            )
         threads = gpu_utils.thread_budget(args.num_threads)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

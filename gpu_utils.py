@@ -2,7 +2,7 @@
 
 Device choice (``auto``/``true``/``false``/index) and rotation of runs across GPUs, TF32, the device's random state
 for checkpoints, CPU thread budgets, batch-size choice, memory estimates, out-of-memory-safe micro-batching and a
-sampling GPU monitor, and a CUDA graph wrapper for a whole training step.
+sampling GPU monitor, a CUDA graph wrapper for a whole training step, and the memory free on a device.
 Importing this module has no side effects. ``python gpu_utils.py`` prints what this machine offers.
 """
 
@@ -441,6 +441,32 @@ class MemoryEstimate:
         if self.cuda_context:
             lines.append(f"{'+ CUDA context':<18}{self.cuda_context / 2**20:>11.2f} MiB (outside the allocator)")
         return "\n".join(lines)
+
+
+def free_memory(device: torch.device, meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes a new allocation on ``device`` can take now, or None where it cannot be read. A GPU: CUDA's free memory.
+    The CPU (Linux): ``MemAvailable``, lowered to what this process's cgroup (v2) limit leaves, if that is less. A
+    buffer larger than this fails at start on a GPU, and on the CPU gets the process killed once its pages fill."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open(meminfo) as f:
+            kib = next((int(line.split()[1]) for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
+    if kib is None:
+        return None
+    free = kib * 1024
+    try:
+        with open(os.path.join(cgroup, "memory.max")) as f:
+            limit = f.read().strip()
+        with open(os.path.join(cgroup, "memory.current")) as f:
+            used = int(f.read().strip())
+        if limit.isdigit():
+            free = min(free, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return free
 
 
 def _activation_bytes(model: nn.Module, example_input: torch.Tensor | tuple, batch_size: int) -> int:

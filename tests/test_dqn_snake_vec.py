@@ -523,6 +523,23 @@ def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
 
 
+def test_a_replay_memory_larger_than_the_free_memory_is_refused_at_start(tmp_path):
+    """The replay memory grows with the board's area: one that cannot fit is a one-line error before anything is
+    allocated (it was a traceback from the allocator, or, short of that, a process killed as the memory filled)."""
+    import gpu_utils
+
+    free = gpu_utils.free_memory(torch.device("cpu"))
+    if free is None:
+        pytest.skip("the free memory cannot be read here")
+    transitions = 4 * free // (2 * 4 * 10 * 10 + 17)  # four times what fits: the allocator refuses it outright
+    res = run(["--buffer-size", transitions, "--total-timesteps", 1024], tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --buffer-size {transitions} on 10x10 boards needs "), lines
+    assert "GiB free on cpu; lower --buffer-size" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
 def test_bad_input_is_one_line_error(tmp_path):
     res = run(["--height", 2], tmp_path)  # the other cases below raise the same ValueError in-process
     assert res.returncode == 2, res.stdout + res.stderr

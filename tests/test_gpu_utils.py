@@ -620,3 +620,19 @@ def test_bf16_note_names_cpus_without_bf16_instructions(tmp_path, flags, slow):
     arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")  # no x86 flags line: nothing to say
     assert gpu_utils.bf16_note(torch.device("cpu"), str(arm)) == ""
     assert gpu_utils.bf16_note(torch.device("cpu"), str(tmp_path / "missing")) == ""
+
+
+def test_free_memory_reads_memavailable_and_the_cgroup_limit(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
+    cpu = torch.device("cpu")
+    no_cgroup = tmp_path / "none"
+    assert gpu_utils.free_memory(cpu, str(meminfo), str(no_cgroup)) == 20000000 * 1024  # MemAvailable, not MemFree
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text("8589934592\n")  # a container limited to 8 GiB that uses 3 GiB
+    (cgroup / "memory.current").write_text(f"{3 * 2**30}\n")
+    assert gpu_utils.free_memory(cpu, str(meminfo), str(cgroup)) == 5 * 2**30
+    (cgroup / "memory.max").write_text("max\n")  # no limit
+    assert gpu_utils.free_memory(cpu, str(meminfo), str(cgroup)) == 20000000 * 1024
+    assert gpu_utils.free_memory(cpu, str(tmp_path / "missing"), str(cgroup)) is None
