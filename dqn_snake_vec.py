@@ -139,10 +139,9 @@ def validate(args):
         "--eval-episodes must be at least 1": args.eval_episodes >= 1,
         f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
         f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
-        f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": 0
-        <= min(epsilons)
-        <= max(epsilons)
-        <= 1,
+        f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": (
+            0 <= min(epsilons) and max(epsilons) <= 1
+        ),
         f"--learning-starts must be at least 0, got {args.learning_starts}": args.learning_starts >= 0,
         f"--log-every must be at least 1 (env steps), got {args.log_every}": args.log_every >= 1,
         f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {args.checkpoint_every}": (
