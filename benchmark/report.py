@@ -19,9 +19,10 @@ resumed from are dropped: that work was lost with the process (a crash after the
 The wall time leaves out the gaps between segments; a run whose segments ran on different devices gets one SPS per
 device, and a Segments section lists every part.
 
-Training statistics: per run, the means of the return and of the logged entropy, clipfrac, approx KL, value (or TD)
-loss, explained variance and learning rate over each tenth of its budget, up to where it stands: what a score short
-of a reference is read against (the curve's shape, an entropy collapse, updates that stopped moving the policy).
+Training statistics: per run, the means over each tenth of its budget, up to where it stands, of the return and of
+the logged entropy, clipfrac, approx KL, value loss and explained variance (DQN: TD loss, Q-values, epsilon) and
+learning rate: what a score short of a reference is read against (the curve's shape, an entropy collapse, updates
+that stopped moving the policy).
 
 Status: a run's ``checkpoint.pt`` says how it stands (the scripts write "running" periodically, "stopped" when a
 signal stopped them, "finished" at the end): finished is "done", stopped is "stopped at X%" with the --resume
@@ -53,6 +54,8 @@ STAT_TAGS = {
     "losses/value_loss": "value loss",
     "losses/td_loss": "TD loss",
     "losses/explained_variance": "explained variance",
+    "losses/q_values": "Q-values",
+    "charts/epsilon": "epsilon",
     "charts/learning_rate": "learning rate",
 }
 STAT_BANDS = 10
@@ -479,7 +482,7 @@ def stats_section(runs: list[Run]) -> list[str]:
         return []
     intro = (
         f"Means over each tenth of a run's budget (its last band ends where the run stands): the episodic return "
-        f"of the games that ended in it, and each statistic as logged once per iteration ({', '.join(STAT_TAGS)})."
+        f"of the games that ended in it, and each statistic as the script logged it ({', '.join(STAT_TAGS)})."
     )
     return ["", "## Training statistics", "", intro, *lines]
 
