@@ -561,6 +561,11 @@ class ReplayBuffer:
         self.terminated = torch.zeros(capacity, dtype=torch.bool, **kw)
         self.fields = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated, self.discounts)
 
+    @staticmethod
+    def transition_bytes(obs_shape) -> int:
+        """Bytes one transition takes: two uint8 observations, an int64 action, float32 reward and discount, a bool."""
+        return 2 * int(np.prod(obs_shape)) + 8 + 4 + 4 + 1
+
     def add(self, *batch):
         """Add a batch of transitions (obs, actions, rewards, next_obs, terminated, discounts), wrapping around."""
         n = batch[0].shape[0]
@@ -664,7 +669,7 @@ if __name__ == "__main__":
             raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
         # the replay memory holds two uint8 observations per transition: it grows with the board's area
         replay_device = torch.device("cpu") if args.buffer_device == "cpu" else device
-        replay_bytes = args.buffer_size * (2 * 4 * args.height * args.width + 17)
+        replay_bytes = args.buffer_size * ReplayBuffer.transition_bytes((4, args.height, args.width))
         free = gpu_utils.free_memory(replay_device)
         if free is not None and replay_bytes > free and not eval_ckpt:  # an evaluation makes no replay memory
             need = f"{replay_bytes / 2**30:.1f} GiB of replay memory"
@@ -784,7 +789,7 @@ if __name__ == "__main__":
     # on the device besides the Q-network and Adam: replay (unless on the host), target net, env and n-step obs
     resident = [*target_network.parameters(), *env._bufs, env.ages, nstep.obs, nstep.next_obs]
     resident += rb.fields if buffer_device == device else ()
-    batch_bytes = args.batch_size * (8 * h * w + 17)
+    batch_bytes = args.batch_size * ReplayBuffer.transition_bytes((4, h, w))
     resident_bytes = sum(t.nbytes for t in resident)
     if env.mode == "fused":  # a step's fresh observations (final and next, uint8) and food draw (float32)
         resident_bytes += n * h * w * (2 * 4 + 4)

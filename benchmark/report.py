@@ -453,9 +453,9 @@ def band_means(values: np.ndarray, edges: np.ndarray) -> list[float | None]:
 
 
 def stats_section(runs: list[Run]) -> list[str]:
-    """Per run, the means of its training statistics (entropy, clipfrac, approx KL, value loss, explained variance,
-    learning rate) and of its episodic return over each tenth of its budget, up to the step it reached: the shape of
-    the curve and what the losses did meanwhile, which is what a score short of a reference is read against."""
+    """Per run, the means of its training statistics (those of STAT_TAGS it logged) and of its episodic return over
+    each tenth of its budget, up to the step it reached: the shape of the curve and what the losses did meanwhile,
+    which is what a score short of a reference is read against."""
     lines = []
     for r in runs:
         tags = [tag for tag in STAT_TAGS if tag in r.stats]
