@@ -614,6 +614,12 @@ def save_checkpoint(path: str, **state) -> None:
     os.replace(path + ".tmp", path)
 
 
+def weights_finite(params) -> torch.Tensor:
+    """Whether every weight is finite, as a device bool (no host sync): a diverged update leaves NaN or infinite
+    weights, and those must not replace the last checkpoint."""
+    return torch.stack([p.isfinite().all() for p in params]).all()
+
+
 def load_checkpoint(path: str, training: bool = False) -> dict:
     """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
     if not os.path.isfile(path):
@@ -869,6 +875,7 @@ if __name__ == "__main__":
     num_updates = 0
     learning = False
     windows = []  # (env steps, seconds) of each log window; the first is warm-up
+    diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     train_start = time.time()
     window_start = time.perf_counter()
     last_log_iteration = start_iteration
@@ -892,10 +899,12 @@ if __name__ == "__main__":
         if cpu_share.update():  # another run started or ended: this run's share of the CPUs changed
             print(f"threads: {cpu_share.threads} ({cpu_share.why})")
 
-        # ---------------- logging: one pull of scalars to the host per log window
-        if iteration % log_interval == 0 or iteration == num_iterations or stop:
+        # ---------------- logging: one pull of scalars to the host per log window; a checkpoint ends a window too
+        save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop
+        if iteration % log_interval == 0 or iteration == num_iterations or save_now:
             count, *sums = ep_stats.tolist()
             updates, loss, q_mean = train_stats.tolist()
+            diverged = not weights_finite(params).item()  # checked before a checkpoint could save them
             windows.append(((iteration - last_log_iteration) * n, time.perf_counter() - window_start))
             sps = windows[-1][0] / windows[-1][1]
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
@@ -926,7 +935,9 @@ if __name__ == "__main__":
             train_stats.zero_()
             window_start = time.perf_counter()
             last_log_iteration = iteration
-        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop:
+        if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
+            break
+        if save_now:
             checkpoint(iteration, "stopped" if stop else "running")
         if stop:
             print(
@@ -939,7 +950,7 @@ if __name__ == "__main__":
     pbar.close()
     monitor.close()
     cpu_share.close()
-    if not stop:
+    if not stop and not diverged:
         checkpoint(iteration, "finished")
         if args.save_model:
             model_path = f"runs/{run_name}/{args.exp_name}.model"
@@ -957,4 +968,13 @@ if __name__ == "__main__":
     )
     writer.close()
     if args.track:
-        wandb.finish()
+        wandb.finish(exit_code=int(diverged))
+    if diverged:
+        saved = f"runs/{run_name}/checkpoint.pt"
+        kept = f"{saved} keeps the last finite ones" if os.path.exists(saved) else "no checkpoint had been written yet"
+        print(
+            f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
+            "start again with a lower --learning-rate or --max-grad-norm",
+            file=sys.stderr,
+        )
+        sys.exit(1)

@@ -404,6 +404,12 @@ def save_checkpoint(path: str, **state) -> None:
     os.replace(path + ".tmp", path)
 
 
+def weights_finite(params) -> torch.Tensor:
+    """Whether every weight is finite, as a device bool (no host sync): a diverged update leaves NaN or infinite
+    weights, and those must not replace the last checkpoint."""
+    return torch.stack([p.isfinite().all() for p in params]).all()
+
+
 def load_checkpoint(path: str, training: bool = False) -> dict:
     """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
     if not os.path.isfile(path):
@@ -723,6 +729,7 @@ if __name__ == "__main__":
     recent_returns = []
     iteration_times = []
     stopping = False
+    diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     iteration = start_iteration - 1
     train_start = time.time()
     pbar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, disable=not args.progress_bar or rank)
@@ -816,6 +823,8 @@ if __name__ == "__main__":
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
         *losses, stopping = torch.cat([stats, explained_var[None], stop_now]).tolist()
+        # checked before a checkpoint could save them; the same in every process (the gradients are all-reduced)
+        diverged = not weights_finite(params).item()
         iteration_times.append(time.perf_counter() - iteration_start)
         if cpu_share.update() and is_main:  # another run started or ended: this run's share of the CPUs changed
             print(f"threads: {cpu_share.threads} ({cpu_share.why})")
@@ -841,6 +850,8 @@ if __name__ == "__main__":
                 print(
                     f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, return {recent}"
                 )
+        if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
+            break
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping:
             checkpoint(iteration, "stopped" if stopping else "running")
         if stopping:
@@ -856,10 +867,10 @@ if __name__ == "__main__":
     pbar.close()
     monitor.close()
     cpu_share.close()
-    if not stopping and args.num_iterations >= start_iteration:
+    if not stopping and not diverged and args.num_iterations >= start_iteration:
         checkpoint(iteration, "finished")
     if is_main:
-        if args.save_model and not stopping:
+        if args.save_model and not stopping and not diverged:
             model_path = f"runs/{run_name}/{args.exp_name}.model"
             torch.save({"model": agent.state_dict(), "args": vars(args), "script": "ppo_atari"}, model_path)
             print(f"model saved to {model_path}")
@@ -874,7 +885,7 @@ if __name__ == "__main__":
         print(f"done: step {global_step}/{total} in {elapsed:.1f}s, {sps:,.0f} SPS, run dir runs/{run_name}")
         writer.close()
         if args.track:
-            wandb.finish()
+            wandb.finish(exit_code=int(diverged))
     for envs in env_groups:
         envs.close()
     if distributed:
@@ -882,3 +893,13 @@ if __name__ == "__main__":
         # gloo worker thread free its tensors during interpreter shutdown, which aborts the process
         dist.barrier()
         dist.destroy_process_group()
+    if diverged:  # every process stops with status 1; the first says why
+        saved = f"runs/{run_name}/checkpoint.pt"
+        kept = f"{saved} keeps the last finite ones" if os.path.exists(saved) else "no checkpoint had been written yet"
+        if is_main:
+            print(
+                f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
+                "start again with a lower --learning-rate or --max-grad-norm",
+                file=sys.stderr,
+            )
+        sys.exit(1)

@@ -339,6 +339,12 @@ def save_checkpoint(path: str, **state) -> None:
     os.replace(path + ".tmp", path)
 
 
+def weights_finite(params) -> torch.Tensor:
+    """Whether every weight is finite, as a device bool (no host sync): a diverged update leaves NaN or infinite
+    weights, and those must not replace the last checkpoint."""
+    return torch.stack([p.isfinite().all() for p in params]).all()
+
+
 def load_checkpoint(path: str, training: bool = False) -> dict:
     """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
     if not os.path.isfile(path):
@@ -596,6 +602,7 @@ if __name__ == "__main__":
     discounted = np.zeros(args.num_envs)  # the discounted return that scales the rewards
     recent_returns = []
     iteration_times = []
+    diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     train_start = time.time()
     pbar = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress_bar)
     monitor = gpu_utils.GPUMonitor(device).start()
@@ -676,6 +683,7 @@ if __name__ == "__main__":
         ratio_error = LOSS_NAMES.index("initial_ratio_error")
         stats[ratio_error] = first_stats[ratio_error].sqrt()  # the first minibatch's, before any step: not the mean
         losses = torch.cat([stats, explained_var[None]]).tolist()
+        diverged = not weights_finite(params).item()  # checked before a checkpoint could save them
         iteration_times.append(time.perf_counter() - iteration_start)
         scalars = {"charts/learning_rate": lr_now, **monitor.collect()}
         scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
@@ -692,6 +700,8 @@ if __name__ == "__main__":
         pbar.update(batch_size)
         if not args.progress_bar:
             print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, return {recent}")
+        if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
+            break
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop:
             checkpoint(iteration, "stopped" if stop else "running")
         if stop:
@@ -703,9 +713,9 @@ if __name__ == "__main__":
     pbar.close()
     monitor.close()
     cpu_share.close()
-    if not stop and num_iterations >= start_iteration:
+    if not stop and not diverged and num_iterations >= start_iteration:
         checkpoint(iteration, "finished")
-    if args.save_model and not stop:
+    if args.save_model and not stop and not diverged:
         model_path = f"runs/{run_name}/{args.exp_name}.model"
         saved = dict(model=agent.state_dict(), args=vars(args), obs_rms=obs_rms.state(), script="ppo_continuous")
         torch.save(saved, model_path)
@@ -722,4 +732,13 @@ if __name__ == "__main__":
     envs.close()
     writer.close()
     if args.track:
-        wandb.finish()
+        wandb.finish(exit_code=int(diverged))
+    if diverged:
+        saved = f"runs/{run_name}/checkpoint.pt"
+        kept = f"{saved} keeps the last finite ones" if os.path.exists(saved) else "no checkpoint had been written yet"
+        print(
+            f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
+            "start again with a lower --learning-rate or --max-grad-norm",
+            file=sys.stderr,
+        )
+        sys.exit(1)

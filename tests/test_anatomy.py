@@ -22,7 +22,7 @@ SHARED_RUNTIME = set(SHARED_FIELDS) - {"exp_name", "seed", "torch_deterministic"
 SECTIONS = ["environment", "network", "algorithm", "checkpoint and evaluation"]
 MAIN_SECTIONS = ["arguments and their checks", "device, threads, seeds", "logging", "env and network", "storage"]
 MAIN_SECTIONS += ["training loop", "logging", "end of the run"]
-HELPERS = ["layer_init", "load_weights", "save_checkpoint", "load_checkpoint", "evaluate"]
+HELPERS = ["layer_init", "load_weights", "save_checkpoint", "weights_finite", "load_checkpoint", "evaluate"]
 LOG_KEYS = ["charts/episodic_return", "charts/SPS", "charts/learning_rate", "memory/estimated_mib"]
 LOG_KEYS += ["memory/peak_allocated_mib", "memory/micro_batch", "threads/torch"]
 MESSAGES = [
@@ -36,6 +36,7 @@ MESSAGES = [
 MESSAGES += ["continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt", "model saved to "]
 MESSAGES += ["peak allocated ", "(allocator, no CUDA context)", "done: step ", "run dir runs/{run_name}"]
 MESSAGES += ["micro-batch: CUDA out of memory at ", 'amp_note = gpu_utils.bf16_note(device) if args.amp else ""']
+MESSAGES += ["error: the update diverged by step ", "keeps the last finite ones", "no checkpoint had been written yet"]
 # The training loop (rollout, advantages or targets, update, logging, checkpoint) is what a reader must hold in mind
 # at once: CleanRL's ppo_atari.py loop is about 100 lines. Ours carry resume, stop signals, OOM back-off, torchrun
 # and the CUDA-graph update too; the ceiling keeps headroom so that no one packs lines to fit under it.
@@ -107,7 +108,7 @@ def test_same_runtime_flags_log_keys_and_messages(script):
     assert f"not {name}.py; use a checkpoint {name}.py wrote" in text
     # hand-started runs share the CPUs; a tracked run closes its wandb run
     assert "gpu_utils.CpuShare(threads" in text and "cpu_share.update()" in text and "cpu_share.close()" in text
-    assert "wandb.finish()" in text
+    assert "wandb.finish(exit_code=int(diverged))" in text  # a diverged run shows as failed in W&B
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

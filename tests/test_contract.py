@@ -4,6 +4,7 @@ checkpoint.pt and a --save-model file, and another script's checkpoint is refuse
 it. One tiny CPU run per script (module-scoped) serves every test. Script-specific checks stay in each script's file."""
 
 import glob
+import math
 import os
 import signal
 import subprocess
@@ -181,3 +182,50 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_learning_the_same(script
         assert torch.equal(models["oom"][key], models["micro"][key]), key  # the same micro-batches, same numbers
         if script != "dqn_snake_vec":
             torch.testing.assert_close(models["oom"][key], weight, atol=1e-5, rtol=1e-4)  # = the whole minibatch's
+
+
+BLOWUP = "1e12"  # a learning rate that turns every script's weights to NaN or inf within a few updates
+
+
+def all_finite(state: dict) -> bool:
+    return all(torch.isfinite(value).all() for value in state.values() if value.is_floating_point())
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(script, finished, tmp_path):
+    """Before: the run went on to its end with NaN weights, saved them over the last good checkpoint, and exited 0."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ckpt = torch.load(finished(script) / "checkpoint.pt", weights_only=False)
+    assert all_finite(ckpt["model"])
+    ckpt["args"]["learning_rate"] = float(BLOWUP)  # what a run started with --learning-rate 1e12 would hold
+    ckpt["optimizer"]["param_groups"][0]["lr"] = float(BLOWUP)
+    ckpt["args"]["total_timesteps"] = ckpt["global_step"] + 16 * BATCH[script]
+    ckpt_path = tmp_path / "runs" / ckpt["run_name"] / "checkpoint.pt"
+    ckpt_path.parent.mkdir(parents=True)
+    torch.save(ckpt, ckpt_path)
+    res = run(script, ["--resume", ckpt_path, "--checkpoint-every", "1", "--save-model"], tmp_path)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    error = res.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: the update diverged by step "), res.stderr[-2000:]
+    assert f"runs/{ckpt['run_name']}/checkpoint.pt keeps the last finite ones" in error
+    assert "lower --learning-rate" in error and "Traceback" not in res.stderr
+    diverged_by = int(error.split("diverged by step ")[1].split()[0])
+    kept = torch.load(ckpt_path, weights_only=False)  # written before the divergence, never after
+    assert ckpt["global_step"] <= kept["global_step"] < diverged_by and all_finite(kept["model"])
+    assert not (ckpt_path.parent / f"{script}.model").exists()
+    acc = EventAccumulator(str(ckpt_path.parent))  # the diverged update's losses are in the logs
+    acc.Reload()
+    loss = "losses/td_loss" if script == "dqn_snake_vec" else "losses/value_loss"
+    assert not math.isfinite(acc.Scalars(loss)[-1].value)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_run_that_diverges_before_its_first_checkpoint_says_so(script, tmp_path):
+    # --checkpoint-every 0: only at the end and on a stop (the last flag given wins over TINY's)
+    res = run(script, [*TINY[script], "--checkpoint-every", "0", "--learning-rate", BLOWUP, "--save-model"], tmp_path)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    error = res.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: the update diverged by step ") and "no checkpoint had been written yet" in error
+    assert glob.glob(str(tmp_path / "runs" / "*" / "events.*"))  # the logs stay
+    assert not glob.glob(str(tmp_path / "runs" / "*" / "*.pt")) + glob.glob(str(tmp_path / "runs" / "*" / "*.model"))
