@@ -1,6 +1,8 @@
-"""The README and docs/ stay usable: every relative link points at a file (and heading) that exists, the README
-stays short, and it keeps the two commands verbatim (.ci/run reads the test command from it)."""
+"""The README and docs/ stay usable: every relative link points at a file (and heading) that exists, every command
+that runs one of the three scripts uses flags the script has, the README stays short, and it keeps the two commands
+verbatim (.ci/run reads the test command from it)."""
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -85,3 +87,64 @@ def test_ci_reads_the_test_command_from_the_readme():
     assert awk, ".ci/run no longer reads its command with awk from README.md; update this test"
     res = subprocess.run(["awk", awk.group(1), "README.md"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert res.stdout.strip() == TEST_COMMAND
+
+
+SCRIPTS = ["ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py"]
+# a script's name (not bench_ppo_atari.py or the like), then the words after it up to a table cell's end, a code
+# span's end or a shell operator
+CALL = re.compile(r"(?<![\w.-])((?:ppo_atari|ppo_continuous|dqn_snake_vec)\.py)((?:[ \t]+[^\s`|;&)]+)*)")
+
+
+def script_flags(script: str) -> set[str]:
+    """The flags tyro makes of the script's Args fields: --field-name, and --no-field-name for a bool."""
+    tree = ast.parse((ROOT / script).read_text())
+    (args,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+    flags = {"--help"}
+    for node in args.body:
+        if isinstance(node, ast.AnnAssign):
+            name = node.target.id.replace("_", "-")
+            flags.add(f"--{name}")
+            if ast.unparse(node.annotation) == "bool":
+                flags.add(f"--no-{name}")
+    return flags
+
+
+def unknown_flags(text: str, flags: dict[str, set[str]]) -> list[str]:
+    """`script --flag` of every call in a page whose flag the script does not have. A wrapper's own flags come
+    before a bare `--` (speed.py run ppo_atari.py --steps N -- --env-id ...): only the words after it count then."""
+    text = text.replace("\\\n", " ")  # a shell line continued with a backslash
+    unknown = []
+    for line in text.splitlines():
+        for script, rest in CALL.findall(line.split(" # ")[0]):
+            words = rest.split()
+            words = words[words.index("--") + 1 :] if "--" in words else words
+            named = [word.split("=")[0] for word in words if word.startswith("--")]  # --flag or --flag=value
+            unknown += [f"{script} {flag}" for flag in named if flag not in flags[script]]
+    return unknown
+
+
+def test_every_documented_call_of_a_script_uses_flags_it_has():
+    flags = {script: script_flags(script) for script in SCRIPTS}
+    pages = PAGES + sorted((ROOT / "benchmark").rglob("*.md")) + sorted((ROOT / "benchmark").glob("*.sh"))
+    calls = sum(len(CALL.findall(page.read_text())) for page in pages)
+    assert calls > 100  # the pattern still finds the calls
+    unknown = {str(page.relative_to(ROOT)): unknown_flags(page.read_text(), flags) for page in pages}
+    assert {page: bad for page, bad in unknown.items() if bad} == {}
+
+
+def test_the_flag_check_catches_a_renamed_flag():
+    flags = {script: script_flags(script) for script in SCRIPTS}
+    assert {"--gae-lambda", "--no-anneal-lr", "--compile"} <= flags["ppo_atari.py"]
+    text = (
+        "python ppo_atari.py --env-id ALE/Pong-v5 --gae-lamda 0.85   # --not-checked in a comment\n"
+        "| `ppo_continuous.py --preset beast` | --not-a-call |\n"
+        "python benchmark/bench_ppo_atari.py --iterations 5\n"
+        "python benchmark/speed.py run dqn_snake_vec.py --steps 4096 -- --num-env 256 \\\n    --height 8\n"
+        "torchrun --nproc-per-node 2 ppo_atari.py --no-overlap-envs --overlap --seed=3 --sed=3\n"
+    )
+    assert unknown_flags(text, flags) == [
+        "ppo_atari.py --gae-lamda",
+        "dqn_snake_vec.py --num-env",
+        "ppo_atari.py --overlap",
+        "ppo_atari.py --sed",
+    ]
