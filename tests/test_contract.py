@@ -221,9 +221,13 @@ def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(script, finis
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_a_run_that_diverges_before_its_first_checkpoint_says_so(script, tmp_path):
-    # --checkpoint-every 0: only at the end and on a stop (the last flag given wins over TINY's)
-    res = run(script, [*TINY[script], "--checkpoint-every", "0", "--learning-rate", BLOWUP, "--save-model"], tmp_path)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_run_that_diverges_before_its_first_checkpoint_says_so(script, device, tmp_path):
+    # --checkpoint-every 0: only at the end and on a stop (the last flag given wins over TINY's); on a GPU the
+    # captured update (Snake: training step) must stop the same way
+    gpu = ["--gpu", "true", "--cudagraphs"] if device == "cuda" else []
+    args = [*TINY[script], "--checkpoint-every", "0", "--learning-rate", BLOWUP, "--save-model", *gpu]
+    res = run(script, args, tmp_path)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     error = res.stderr.strip().splitlines()[-1]
     assert error.startswith("error: the update diverged by step ") and "no checkpoint had been written yet" in error
