@@ -893,13 +893,16 @@ if __name__ == "__main__":
         # gloo worker thread free its tensors during interpreter shutdown, which aborts the process
         dist.barrier()
         dist.destroy_process_group()
-    if diverged:  # every process stops with status 1; the first says why
+    if diverged and is_main:
         saved = f"runs/{run_name}/checkpoint.pt"
-        kept = f"{saved} keeps the last finite ones" if os.path.exists(saved) else "no checkpoint had been written yet"
-        if is_main:
-            print(
-                f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
-                "start again with a lower --learning-rate or --max-grad-norm",
-                file=sys.stderr,
-            )
+        kept = "no checkpoint had been written yet"
+        if os.path.exists(saved):  # its weights stay the last finite ones; its status now says how the run ended
+            save_checkpoint(saved, **(torch.load(saved, weights_only=False) | dict(status="diverged")))
+            kept = f"{saved} keeps the last finite ones"
+        print(
+            f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
+            "start again with a lower --learning-rate or --max-grad-norm",
+            file=sys.stderr,
+        )
+    if diverged:  # every process ends with status 1
         sys.exit(1)

@@ -735,7 +735,10 @@ if __name__ == "__main__":
         wandb.finish(exit_code=int(diverged))
     if diverged:
         saved = f"runs/{run_name}/checkpoint.pt"
-        kept = f"{saved} keeps the last finite ones" if os.path.exists(saved) else "no checkpoint had been written yet"
+        kept = "no checkpoint had been written yet"
+        if os.path.exists(saved):  # its weights stay the last finite ones; its status now says how the run ended
+            save_checkpoint(saved, **(torch.load(saved, weights_only=False) | dict(status="diverged")))
+            kept = f"{saved} keeps the last finite ones"
         print(
             f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
             "start again with a lower --learning-rate or --max-grad-norm",

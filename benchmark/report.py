@@ -100,7 +100,7 @@ class Run:
     total_timesteps: int | None = None
     iteration_steps: int = 0  # num_envs x num_steps: a run may stop at the last whole iteration below the total
     checkpoint: str | None = None  # path of checkpoint.pt, when the run has one
-    checkpoint_status: str | None = None  # running | stopped | finished, as the checkpoint says
+    checkpoint_status: str | None = None  # running | stopped | finished | diverged, as the checkpoint says
     checkpoint_step: int = 0
     stats: dict[str, np.ndarray] = field(default_factory=dict)  # STAT_TAGS tag -> (n, 2) array of (step, value)
 
@@ -116,7 +116,8 @@ class Run:
         return float(np.mean(self.returns[-last_n:])) if len(self.returns) else None
 
     def status(self, now: float, recent_s: float, long: bool = False) -> str:
-        """done | stopped (X%) | running (X%) | stale (X%); long: with the --resume command and the event age."""
+        """done | stopped (X%) | diverged (X%) | running (X%) | stale (X%); long: with the --resume command, the
+        diverged run's checkpoint step or the event age."""
         step, total = max(self.last_step, self.checkpoint_step), self.total_timesteps
         at = f"{math.floor(100.0 * step / total)}%" if total else f"step {step:,}"
         resume = f"resume with --resume {self.checkpoint}" if self.checkpoint else ""
@@ -124,6 +125,9 @@ class Run:
             return "done"
         if self.checkpoint_status == "stopped":
             return f"stopped at {at} ({resume})" if long else f"stopped ({at})"
+        if self.checkpoint_status == "diverged":  # NaN or infinite weights; the checkpoint holds the last finite ones
+            kept = f"NaN or infinite weights; its checkpoint keeps step {self.checkpoint_step:,}"
+            return f"diverged at {at} ({kept})" if long else f"diverged ({at})"
         if self.checkpoint_status is None and total and self.last_step + self.iteration_steps > max(total - 1, 0):
             return "done"  # no checkpoint to ask: it reached its last whole iteration
         if now - self.last_event < recent_s:
@@ -148,7 +152,7 @@ def read_checkpoint(run: Run) -> None:
         print(f"warning: could not read {path} ({type(exc).__name__}); status from the event files", file=sys.stderr)
         return
     status = ckpt.get("status")
-    run.checkpoint_status = status if status in ("running", "stopped", "finished") else None
+    run.checkpoint_status = status if status in ("running", "stopped", "finished", "diverged") else None
     run.checkpoint_step = int(ckpt.get("global_step") or 0)
     total = (ckpt.get("args") or {}).get("total_timesteps")
     if isinstance(total, int) and total > 0:

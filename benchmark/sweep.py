@@ -48,7 +48,7 @@ if REPO_ROOT not in sys.path:  # gpu_utils.py lives in the repo root, next to th
 import gpu_utils  # noqa: E402
 
 RUN_NAME_RE = re.compile(r"^(?P<env>.+?)__(?P<exp>.+)__(?P<seed>-?\d+)__(?P<ts>\d+)$")
-CHECKPOINT_STATUSES = ("running", "stopped", "finished")
+CHECKPOINT_STATUSES = ("running", "stopped", "finished", "diverged")
 GRIDS = ("ppo_atari", "ppo_continuous", "dqn_snake")
 ATARI_GAMES = "Breakout Pong Qbert MsPacman Seaquest SpaceInvaders BeamRider Enduro"
 MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedPendulum-v5"
@@ -128,8 +128,9 @@ def read_checkpoint(path: str) -> dict:
 
 
 def decide_resume(runs_dir: str, rid: str) -> Decision:
-    """The newest ``<runs_dir>/<rid>__*`` holding a checkpoint.pt decides: finished -> skip, running/stopped (or an
-    unknown status) -> resume from it, none -> fresh, unreadable -> error (never a silent fresh start)."""
+    """The newest ``<runs_dir>/<rid>__*`` holding a checkpoint.pt decides: finished or diverged -> skip,
+    running/stopped (or an unknown status) -> resume from it, none -> fresh, unreadable -> error (never a silent fresh
+    start)."""
     dirs = run_dirs(runs_dir, rid)
     without = [d for d in dirs if not os.path.isfile(os.path.join(d, "checkpoint.pt"))]
     with_ckpt = [d for d in dirs if d not in without]
@@ -153,6 +154,9 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
     others = f"; {len(dirs) - 1} other run dir(s) for it" if len(dirs) > 1 else ""
     if status == "finished":
         return Decision("skip", path, f"finished at {where}: {path}{others}")
+    if status == "diverged":  # NaN or infinite weights after this checkpoint: the same settings would repeat it
+        again = "not resumed, it would likely diverge again; start it anew with other settings"
+        return Decision("skip", path, f"diverged after its checkpoint at {where} ({again}): {path}{others}")
     if status not in CHECKPOINT_STATUSES:
         return Decision("resume", path, f"checkpoint without a known status ({status!r}) at {where}: {path}{others}")
     return Decision("resume", path, f"{status} at {where}: {path}{others}")
@@ -572,7 +576,7 @@ def summarize(
         if counts[key]:
             total += f", {counts[key]} {key}"
     if counts["skipped"]:
-        total += f", {counts['skipped']} skipped (finished before)"
+        total += f", {counts['skipped']} skipped (finished or diverged before)"
     lines.append(total)
     if interrupted:
         lines.append(

@@ -213,6 +213,7 @@ def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(script, finis
     diverged_by = int(error.split("diverged by step ")[1].split()[0])
     kept = torch.load(ckpt_path, weights_only=False)  # written before the divergence, never after
     assert ckpt["global_step"] <= kept["global_step"] < diverged_by and all_finite(kept["model"])
+    assert kept["status"] == "diverged"  # so that a report or a sweep's --resume-existing can tell
     assert not (ckpt_path.parent / f"{script}.model").exists()
     acc = EventAccumulator(str(ckpt_path.parent))  # the diverged update's losses are in the logs
     acc.Reload()

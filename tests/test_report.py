@@ -210,7 +210,7 @@ def test_report_done_at_last_whole_iteration(tmp_path):
 
 
 def test_report_status_from_checkpoints(tmp_path):
-    """The checkpoint's status wins over the event files: stopped, finished, running (recent or stale)."""
+    """The checkpoint's status wins over the event files: stopped, finished, diverged, running (recent or stale)."""
     runs, now = tmp_path / "runs", time.time()
     cases = {  # name: (checkpoint status, its global_step, events' last step, events' age in s)
         "ALE_Pong-v5__ppo_atari__1__1700000000": ("stopped", 4000, 4000, 5),
@@ -218,6 +218,7 @@ def test_report_status_from_checkpoints(tmp_path):
         "ALE_Pong-v5__ppo_atari__3__1700000000": ("running", 2000, 2000, 5),
         "ALE_Pong-v5__ppo_atari__4__1700000000": ("running", 3000, 3100, 7200),  # crashed: the checkpoint never knew
         "ALE_Pong-v5__ppo_atari__5__1700000000": ("running", 10000, 10000, 7200),  # crashed after the last iteration
+        "ALE_Pong-v5__ppo_atari__6__1700000000": ("diverged", 5000, 6000, 7200),  # not "stale": it will not go on
     }
     for name, (status, ckpt_step, last_step, age) in cases.items():
         write_run(runs, name, returns=[1.0], return_steps=[last_step], t0=now - age)
@@ -233,8 +234,10 @@ def test_report_status_from_checkpoints(tmp_path):
     stale = status["ALE_Pong-v5__ppo_atari__4__1700000000"]
     assert stale.startswith("stale at 31%: no event for 2h00m (crashed or killed?; resume with --resume ")
     assert status["ALE_Pong-v5__ppo_atari__5__1700000000"].startswith("stale at 100%")
+    diverged = "diverged at 60% (NaN or infinite weights; its checkpoint keeps step 5,000)"
+    assert status["ALE_Pong-v5__ppo_atari__6__1700000000"] == diverged
     group = table_row(text, "ppo_atari", "ALE_Pong-v5")[-1]  # the group table: short forms
-    assert group == "done, running (20%), stale (100%), stale (31%), stopped (40%)"
+    assert group == "diverged (60%), done, running (20%), stale (100%), stale (31%), stopped (40%)"
 
 
 def write_segment(run_dir, start, returns, sps, t0, device=None, gpu_samples=False):

@@ -299,13 +299,14 @@ def test_decide_resume(tmp_path):
     # names that only start like a run id belong to other runs (seed 11, exp ppo_continuous_fast)
     fake_checkpoint(tmp_path, "Hopper-v5__ppo_continuous__11", "stopped", 1, 10)
     fake_checkpoint(tmp_path, "Hopper-v5__ppo_continuous_fast__1", "stopped", 1, 10)
+    diverged = fake_checkpoint(tmp_path, "Ant-v5__ppo_continuous__1", "diverged", 30, 100)
     bad = tmp_path / "runs" / "Walker2d-v5__ppo_continuous__1__1700000000"
     bad.mkdir()
     (bad / "checkpoint.pt").write_bytes(b"not a checkpoint")
     ids = ["Snake6x6__dqn_snake_vec_n8__1", "Snake6x6__dqn_snake_vec_n8__2", "ALE_Pong-v5__ppo_atari__1"]
-    ids += ["Hopper-v5__ppo_continuous__1", "Walker2d-v5__ppo_continuous__1"]
+    ids += ["Hopper-v5__ppo_continuous__1", "Walker2d-v5__ppo_continuous__1", "Ant-v5__ppo_continuous__1"]
     got = [sweep.decide_resume(runs, rid) for rid in ids]
-    assert [d.action for d in got] == ["skip", "resume", "resume", "fresh", "error"]
+    assert [d.action for d in got] == ["skip", "resume", "resume", "fresh", "error", "skip"]
     assert "finished at step 100 of 100" in got[0].note
     assert got[1].checkpoint == str(stopped / "checkpoint.pt") and "stopped at step 40 of 100" in got[1].note
     assert got[2].checkpoint == str(running / "checkpoint.pt") and "1 other run dir" in got[2].note
@@ -313,6 +314,8 @@ def test_decide_resume(tmp_path):
     assert (
         got[4].checkpoint.endswith("checkpoint.pt") and "cannot read" in got[4].note and "move it away" in got[4].note
     )
+    assert got[5].checkpoint == str(diverged / "checkpoint.pt")  # its settings made NaN weights: not again
+    assert "diverged after its checkpoint at step 30 of 100" in got[5].note and "other settings" in got[5].note
 
 
 def test_dry_run_resume_existing(tmp_path):
@@ -433,7 +436,7 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
             proc.kill()
     assert proc.returncode == 130, out
     summary = (logs / "summary.txt").read_text()
-    assert "0 ok, 0 failed, 1 stopped, 1 skipped (finished before)" in summary, summary
+    assert "0 ok, 0 failed, 1 stopped, 1 skipped (finished or diverged before)" in summary, summary
     assert "--resume-existing" in summary
     (run_dir,) = (repo / "runs").glob("Snake5x5__dqn_snake_vec_n8__2__*")
     ckpt = load_checkpoint(run_dir / "checkpoint.pt")
@@ -445,7 +448,7 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"skip   [session 0] Snake5x5 n=8 seed=1: finished at step 40,000 of 40,000: runs/{done.name}" in res.stdout
     assert "resume [session 1] Snake5x5 n=8 seed=2: stopped at step" in res.stdout
-    assert "1 ok, 0 failed, 1 skipped (finished before)" in res.stdout
+    assert "1 ok, 0 failed, 1 skipped (finished or diverged before)" in res.stdout
     assert list((repo / "runs").glob("Snake5x5__dqn_snake_vec_n8__2__*")) == [run_dir]  # continued, not restarted
     final = load_checkpoint(run_dir / "checkpoint.pt")
     assert final["status"] == "finished" and final["global_step"] == 40000
