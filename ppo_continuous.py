@@ -433,6 +433,12 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    if ckpt and ckpt.get("status") == "finished":  # nothing left to train: no new log file, no checkpoint rewrite
+        print(
+            f"nothing to do: {args.resume} is a finished run (step {ckpt['global_step']}); evaluate it with "
+            f"--eval-checkpoint {args.resume}, or start a new run to train longer"
+        )
+        sys.exit(0)
 
     # ---------------- device, threads, seeds
     if device.type == "cuda":

@@ -37,6 +37,7 @@ MESSAGES += ["continue with: python {sys.argv[0]} --resume runs/{run_name}/check
 MESSAGES += ["peak allocated ", "(allocator, no CUDA context)", "done: step ", "run dir runs/{run_name}"]
 MESSAGES += ["micro-batch: CUDA out of memory at ", 'amp_note = gpu_utils.bf16_note(device) if args.amp else ""']
 MESSAGES += ["error: the update diverged by step ", "keeps the last finite ones", "no checkpoint had been written yet"]
+MESSAGES += ["nothing to do: {args.resume} is a finished run (step ", "or start a new run to train longer"]
 # The training loop (rollout, advantages or targets, update, logging, checkpoint) is what a reader must hold in mind
 # at once: CleanRL's ppo_atari.py loop is about 100 lines. Ours carry resume, stop signals, OOM back-off, torchrun
 # and the CUDA-graph update too; the ceiling keeps headroom so that no one packs lines to fit under it.

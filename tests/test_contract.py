@@ -234,3 +234,20 @@ def test_a_run_that_diverges_before_its_first_checkpoint_says_so(script, device,
     assert error.startswith("error: the update diverged by step ") and "no checkpoint had been written yet" in error
     assert glob.glob(str(tmp_path / "runs" / "*" / "events.*"))  # the logs stay
     assert not glob.glob(str(tmp_path / "runs" / "*" / "*.pt")) + glob.glob(str(tmp_path / "runs" / "*" / "*.model"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resuming_a_finished_run_does_nothing(script, finished, tmp_path):
+    """Before: it built the envs and network, added an empty event file (an empty segment in the report) and said
+    'done ... 0 SPS'."""
+    ckpt = torch.load(finished(script) / "checkpoint.pt", weights_only=False)
+    run_dir = tmp_path / "runs" / ckpt["run_name"]
+    run_dir.mkdir(parents=True)
+    torch.save(ckpt, run_dir / "checkpoint.pt")
+    written = (run_dir / "checkpoint.pt").stat().st_mtime_ns
+    res = run(script, ["--resume", run_dir / "checkpoint.pt"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith(f"nothing to do: {run_dir / 'checkpoint.pt'} is a finished run (step "), res.stdout
+    assert "--eval-checkpoint" in res.stdout and res.stderr == ""
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint.pt"]  # no event file, no other file
+    assert (run_dir / "checkpoint.pt").stat().st_mtime_ns == written
