@@ -25,9 +25,10 @@ learning rate: what a score short of a reference is read against (the curve's sh
 that stopped moving the policy).
 
 Status: a run's ``checkpoint.pt`` says how it stands (the scripts write "running" periodically, "stopped" when a
-signal stopped them, "finished" at the end): finished is "done", stopped is "stopped at X%" with the --resume
-command. A run whose checkpoint says running (or that has none) is "running" while its events are recent
-(--running-window) and "stale" after that: a crashed or killed run also leaves "running" behind.
+signal stopped them, "finished" at the end, "diverged" on NaN or infinite weights, keeping the last finite ones):
+finished is "done", stopped is "stopped at X%" with the --resume command, diverged is "diverged at X%". A run
+whose checkpoint says running (or that has none) is "running" while its events are recent (--running-window) and
+"stale" after that: a crashed or killed run also leaves "running" behind.
 """
 
 from __future__ import annotations
@@ -279,12 +280,19 @@ class Reference:
 
 
 def load_references(path: str) -> dict[str, list[Reference]]:
-    """env tag (ALE_Breakout-v5) -> references, from a CSV with env, score, source[, their_env, protocol, url]."""
+    """env tag (ALE_Breakout-v5) -> references, from a CSV with env, score, source[, their_env, protocol, url];
+    an empty path: none. A missing file or header column raises (FileNotFoundError, ValueError)."""
     refs: dict[str, list[Reference]] = {}
-    if not path or not os.path.exists(path):
+    if not path:
         return refs
+    if not os.path.isfile(path):
+        raise FileNotFoundError("no such file")
     with open(path, newline="") as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        missing = [column for column in ("env", "score", "source") if column not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)} column in its header")
+        for row in reader:
             env = (row.get("env") or "").strip()
             if env and not env.startswith("#"):
                 cells = {k: (row.get(k) or "").strip() for k in ("score", "source", "their_env", "protocol", "url")}
@@ -545,7 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs_dir", help="folder holding run directories (e.g. runs/)")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="output folder for report.md and PNGs")
-    p.add_argument("--refs", default=os.path.join(HERE, "reference_scores.csv"), help="reference scores CSV")
+    p.add_argument(
+        "--refs", default=os.path.join(HERE, "reference_scores.csv"), help="reference scores CSV ('' for none)"
+    )
     p.add_argument("--last-n", type=int, default=100, help="episodes averaged at the end of each run")
     p.add_argument("--smooth", type=int, default=20, help="episodes in the curves' moving average")
     p.add_argument("--grid-points", type=int, default=200, help="points of the common step grid for curves")
@@ -565,6 +575,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.last_n < 1 or args.smooth < 1 or args.grid_points < 2:
         print("error: --last-n and --smooth must be >= 1 and --grid-points >= 2", file=sys.stderr)
         return 2
+    try:
+        refs = load_references(args.refs)
+    except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
+        print(
+            f"error: --refs {args.refs!r}: {exc}; pass a CSV with env, score and source columns, or --refs ''",
+            file=sys.stderr,
+        )
+        return 2
     runs, skipped = [], []
     for d in find_run_dirs(args.runs_dir):
         if args.filter and args.filter not in os.path.basename(d):
@@ -579,7 +597,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     os.makedirs(args.out, exist_ok=True)
-    refs = load_references(args.refs)
     table = build_report(runs, refs, args.last_n, time.time(), args.running_window)
     body = [
         f"# Results from `{args.runs_dir}`",

@@ -178,6 +178,23 @@ def test_report_errors(tmp_path):
     assert res.returncode == 2 and res.stderr.startswith("error: no run directories")
 
 
+def test_report_refuses_a_references_file_it_cannot_use(tmp_path):
+    """Before: a mistyped --refs (or a CSV without the columns) gave a report that said 'No published reference'."""
+    runs = tmp_path / "runs"
+    write_run(runs, "Hopper-v5__ppo_continuous__1__1700000000", returns=[1.0], return_steps=[100], t0=time.time())
+    (tmp_path / "other.csv").write_text("game,points\nHopper-v5,3000\n")
+    for refs, words in [
+        (tmp_path / "typo.csv", "no such file"),
+        (tmp_path / "other.csv", "no env, score, source column"),
+    ]:
+        res = run_report(runs, "--out", tmp_path / "o", "--refs", refs)
+        assert res.returncode == 2 and res.stderr.startswith(f"error: --refs '{refs}': {words}"), res.stderr
+        assert res.stderr.count("\n") == 1 and not (tmp_path / "o").exists()
+    res = run_report(runs, "--out", tmp_path / "o", "--refs", "", "--no-plots")  # none, on purpose
+    assert res.returncode == 0, res.stderr
+    assert "No published reference" in (tmp_path / "o" / "report.md").read_text()
+
+
 def test_report_curve_interpolation():
     sys.path.insert(0, BENCH)
     try:
