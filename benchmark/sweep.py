@@ -286,6 +286,8 @@ def snake_grid(
         if not m:
             raise SweepError(f"board size '{size}' is not N or HxW (e.g. 10 or 8x12)")
         h, w = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(3))
+        if min(int(h), int(w)) < 3:  # dqn_snake_vec.py would refuse it: each run would stop at once
+            raise SweepError(f"board size '{size}' is below 3 x 3, the smallest Snake board")
         for n in num_envs:
             if not n.isdigit() or int(n) < 1:
                 raise SweepError(f"num_envs '{n}' is not a positive integer")

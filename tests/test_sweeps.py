@@ -155,6 +155,7 @@ def test_continuous_and_snake_grids():
     assert [r.run_id for r in runs] == ["Snake10x10__dqn_snake_vec_n64__1", "Snake8x12__dqn_snake_vec_n64__1"]
     for call, hint in [
         (lambda: sweep.snake_grid(["ten"], ["8"], ["1"], []), "board size 'ten'"),
+        (lambda: sweep.snake_grid(["10", "2x8"], ["8"], ["1"], []), "board size '2x8' is below 3 x 3"),
         (lambda: sweep.snake_grid(["6"], ["8"], ["1"], ["--num-envs", "3"]), "--sizes/--num-envs"),
         (lambda: sweep.continuous_grid(["Hopper-v5"], ["huge"], ["1"], []), "unknown preset 'huge'"),
         (lambda: sweep.continuous_grid(["Hopper-v5"], ["fast"], ["1"], ["--env-id=Hopper-v5"]), "--envs"),
