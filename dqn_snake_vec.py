@@ -687,7 +687,9 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if ckpt and ckpt.get("status") == "finished":  # nothing left to train: no new log file, no checkpoint rewrite
+    # a finished run with nothing left to train: say so and write nothing (no log file, no checkpoint rewrite)
+    finished = ckpt is not None and ckpt.get("status") == "finished"
+    if finished and ckpt["iteration"] >= args.total_timesteps // args.num_envs:
         print(
             f"nothing to do: {args.resume} is a finished run (step {ckpt['global_step']}); evaluate it with "
             f"--eval-checkpoint {args.resume}, or start a new run to train longer"
