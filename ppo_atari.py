@@ -903,11 +903,12 @@ if __name__ == "__main__":
         dist.barrier()
         dist.destroy_process_group()
     if diverged and is_main:
-        saved = f"runs/{run_name}/checkpoint.pt"
+        checkpoint_path = f"runs/{run_name}/checkpoint.pt"
         kept = "no checkpoint had been written yet"
-        if os.path.exists(saved):  # its weights stay the last finite ones; its status now says how the run ended
-            save_checkpoint(saved, **(torch.load(saved, weights_only=False) | dict(status="diverged")))
-            kept = f"{saved} keeps the last finite ones"
+        if os.path.exists(checkpoint_path):  # its weights stay the last finite ones; its status says how the run ended
+            state = torch.load(checkpoint_path, weights_only=False)
+            save_checkpoint(checkpoint_path, **(state | dict(status="diverged")))
+            kept = f"{checkpoint_path} keeps the last finite ones"
         print(
             f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
             "start again with a lower --learning-rate or --max-grad-norm",
