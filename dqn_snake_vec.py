@@ -615,9 +615,17 @@ def save_checkpoint(path: str, **state) -> None:
 
 
 def weights_finite(params) -> torch.Tensor:
-    """Whether every weight is finite, as a device bool (no host sync): a diverged update leaves NaN or infinite
-    weights, and those must not replace the last checkpoint."""
-    return torch.stack([p.isfinite().all() for p in params]).all()
+    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
+    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
+    return torch.stack([p.isfinite().all() for p in params]).all().float()
+
+
+def mark_diverged(path: str) -> bool:
+    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; False if none."""
+    if not os.path.exists(path):
+        return False
+    save_checkpoint(path, **(torch.load(path, weights_only=False) | dict(status="diverged")))
+    return True
 
 
 def load_checkpoint(path: str, training: bool = False) -> dict:
@@ -911,8 +919,9 @@ if __name__ == "__main__":
         save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop
         if iteration % log_interval == 0 or iteration == num_iterations or save_now:
             count, *sums = ep_stats.tolist()
-            updates, loss, q_mean = train_stats.tolist()
-            diverged = not weights_finite(params).item()  # checked before a checkpoint could save them
+            # the weights are checked before a checkpoint could save them
+            updates, loss, q_mean, finite = torch.cat([train_stats, weights_finite(params)[None]]).tolist()
+            diverged = not finite
             windows.append(((iteration - last_log_iteration) * n, time.perf_counter() - window_start))
             sps = windows[-1][0] / windows[-1][1]
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
@@ -980,9 +989,7 @@ if __name__ == "__main__":
     if diverged:
         checkpoint_path = f"runs/{run_name}/checkpoint.pt"
         kept = "no checkpoint had been written yet"
-        if os.path.exists(checkpoint_path):  # its weights stay the last finite ones; its status says how the run ended
-            state = torch.load(checkpoint_path, weights_only=False)
-            save_checkpoint(checkpoint_path, **(state | dict(status="diverged")))
+        if mark_diverged(checkpoint_path):
             kept = f"{checkpoint_path} keeps the last finite ones"
         print(
             f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "

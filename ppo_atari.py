@@ -405,9 +405,17 @@ def save_checkpoint(path: str, **state) -> None:
 
 
 def weights_finite(params) -> torch.Tensor:
-    """Whether every weight is finite, as a device bool (no host sync): a diverged update leaves NaN or infinite
-    weights, and those must not replace the last checkpoint."""
-    return torch.stack([p.isfinite().all() for p in params]).all()
+    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
+    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
+    return torch.stack([p.isfinite().all() for p in params]).all().float()
+
+
+def mark_diverged(path: str) -> bool:
+    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; False if none."""
+    if not os.path.exists(path):
+        return False
+    save_checkpoint(path, **(torch.load(path, weights_only=False) | dict(status="diverged")))
+    return True
 
 
 def load_checkpoint(path: str, training: bool = False) -> dict:
@@ -831,9 +839,11 @@ if __name__ == "__main__":
         stop_now = torch.tensor([float(bool(stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
-        *losses, stopping = torch.cat([stats, explained_var[None], stop_now]).tolist()
-        # checked before a checkpoint could save them; the same in every process (the gradients are all-reduced)
-        diverged = not weights_finite(params).item()
+        # whether the weights are finite rides along, checked before a checkpoint could save them; it is the same in
+        # every process (the gradients are all-reduced)
+        pulled = torch.cat([stats, explained_var[None], stop_now, weights_finite(params)[None]])
+        *losses, stopping, finite = pulled.tolist()
+        diverged = not finite
         iteration_times.append(time.perf_counter() - iteration_start)
         if cpu_share.update() and is_main:  # another run started or ended: this run's share of the CPUs changed
             print(f"threads: {cpu_share.threads} ({cpu_share.why})")
@@ -905,9 +915,7 @@ if __name__ == "__main__":
     if diverged and is_main:
         checkpoint_path = f"runs/{run_name}/checkpoint.pt"
         kept = "no checkpoint had been written yet"
-        if os.path.exists(checkpoint_path):  # its weights stay the last finite ones; its status says how the run ended
-            state = torch.load(checkpoint_path, weights_only=False)
-            save_checkpoint(checkpoint_path, **(state | dict(status="diverged")))
+        if mark_diverged(checkpoint_path):
             kept = f"{checkpoint_path} keeps the last finite ones"
         print(
             f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "

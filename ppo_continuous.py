@@ -340,9 +340,17 @@ def save_checkpoint(path: str, **state) -> None:
 
 
 def weights_finite(params) -> torch.Tensor:
-    """Whether every weight is finite, as a device bool (no host sync): a diverged update leaves NaN or infinite
-    weights, and those must not replace the last checkpoint."""
-    return torch.stack([p.isfinite().all() for p in params]).all()
+    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
+    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
+    return torch.stack([p.isfinite().all() for p in params]).all().float()
+
+
+def mark_diverged(path: str) -> bool:
+    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; False if none."""
+    if not os.path.exists(path):
+        return False
+    save_checkpoint(path, **(torch.load(path, weights_only=False) | dict(status="diverged")))
+    return True
 
 
 def load_checkpoint(path: str, training: bool = False) -> dict:
@@ -690,8 +698,9 @@ if __name__ == "__main__":
         explained_var = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
         ratio_error = LOSS_NAMES.index("initial_ratio_error")
         stats[ratio_error] = first_stats[ratio_error].sqrt()  # the first minibatch's, before any step: not the mean
-        losses = torch.cat([stats, explained_var[None]]).tolist()
-        diverged = not weights_finite(params).item()  # checked before a checkpoint could save them
+        # the weights are checked before a checkpoint could save them
+        *losses, finite = torch.cat([stats, explained_var[None], weights_finite(params)[None]]).tolist()
+        diverged = not finite
         iteration_times.append(time.perf_counter() - iteration_start)
         scalars = {"charts/learning_rate": lr_now, **monitor.collect()}
         scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
@@ -744,9 +753,7 @@ if __name__ == "__main__":
     if diverged:
         checkpoint_path = f"runs/{run_name}/checkpoint.pt"
         kept = "no checkpoint had been written yet"
-        if os.path.exists(checkpoint_path):  # its weights stay the last finite ones; its status says how the run ended
-            state = torch.load(checkpoint_path, weights_only=False)
-            save_checkpoint(checkpoint_path, **(state | dict(status="diverged")))
+        if mark_diverged(checkpoint_path):
             kept = f"{checkpoint_path} keeps the last finite ones"
         print(
             f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
