@@ -373,8 +373,9 @@ def choose_batch_size(total: int, requested: int | str = "auto", target: int | N
         requested = int(text)
     if requested < 1 or total % requested != 0:
         near = sorted(divisors_of_total, key=lambda d: (abs(d - requested), d))[:6]
+        relation = "is larger than" if requested > total else "does not divide"
         raise BatchSizeError(
-            f"batch size {requested} does not divide the total batch {total}; valid sizes near it: "
+            f"batch size {requested} {relation} the total batch {total}; valid sizes near it: "
             + ", ".join(str(d) for d in sorted(near))
         )
     return requested

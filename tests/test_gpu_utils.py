@@ -142,6 +142,10 @@ def test_choose_batch_size():
     assert "256" in message and "512" in message and "300" not in message.split(":")[1]
     with pytest.raises(BatchSizeError, match="'auto' or a positive integer"):
         choose_batch_size(64, "big")
+    # a size above the whole batch says so (ppo_atari.py --num-envs 1 --num-steps 16 at the default 256)
+    with pytest.raises(BatchSizeError) as err:
+        choose_batch_size(16 * 16, 512)
+    assert str(err.value).startswith("batch size 512 is larger than the total batch 256; valid sizes near it:")
 
 
 def nature_convnet(num_actions: int) -> nn.Module:
