@@ -116,6 +116,11 @@ class Run:
     def final_return(self, last_n: int) -> float | None:
         return float(np.mean(self.returns[-last_n:])) if len(self.returns) else None
 
+    def final_return_se(self, last_n: int) -> float | None:
+        """Standard error of final_return: how far one seed's last-N mean may sit from its own expectation."""
+        last = self.returns[-last_n:]
+        return float(np.std(last, ddof=1) / np.sqrt(len(last))) if len(last) > 1 else None
+
     def status(self, now: float, recent_s: float, long: bool = False) -> str:
         """done | stopped (X%) | diverged (X%) | running (X%) | stale (X%); long: with the --resume command, the
         diverged run's checkpoint step or the event age."""
@@ -533,14 +538,17 @@ def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s:
         "",
         "Per run:",
         "",
-        "| run | episodes | return, last episodes | steps | wall time | SPS | device | status |",
+        f"| run | episodes | return, last {last_n} episodes (± standard error) | steps | wall time | SPS | device "
+        "| status |",
         "|---|---|---|---|---|---|---|---|",
     ]
     ordered = sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name))
     for r in ordered:
         sps, device = device_cells(r.devices, r.sps, r.sps_by_device)
+        se = r.final_return_se(last_n)
+        ret = fmt_num(r.final_return(last_n)) + ("" if se is None else f" ± {fmt_num(se)}")
         lines.append(
-            f"| {r.name} | {r.episodes} | {fmt_num(r.final_return(last_n))} | {r.last_step:,} | "
+            f"| {r.name} | {r.episodes} | {ret} | {r.last_step:,} | "
             f"{fmt_time(r.wall_time)} | {sps} | {device} | {r.status(now, recent_s, long=True)} |"
         )
     lines += segments_section([r for r in ordered if len(r.segments) > 1])

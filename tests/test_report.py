@@ -143,7 +143,8 @@ def test_report_in_progress_and_no_episodes(report):
     per_run = table_row(text, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003")
     assert per_run[1] == "0" and per_run[2] == "-"
     seed2 = table_row(text, "ALE_Breakout-v5__ppo_atari__2__1700000001")
-    assert seed2[2] == "109.5"
+    # one seed's last 100 returns, 60..159: std 29.01 (ddof=1), so a standard error of 2.9 beside the mean
+    assert seed2[2] == "109.5 ± 2.9"
     assert "scratch" in text.split("Skipped")[1]
 
 
@@ -301,7 +302,8 @@ def test_report_joins_a_run_resumed_on_other_machines(tmp_path):
     assert row[6:8] == ["1,000 / 65", f"GPU (name not logged) / {cpu}"]  # median per device: CPU [80, 50]
     assert row[9] == "stopped (50%)"
     per_run = table_row(text.split("## Segments")[0], run_dir.name)
-    assert per_run[1:7] == ["20", "11.3", "2,000", "3m20s", "1,000 / 65", f"GPU (name not logged) / {cpu}"]
+    kept = "11.3 ± 6.8"  # the 20 kept games' mean and standard error (std 30.3 / sqrt(20))
+    assert per_run[1:7] == ["20", kept, "2,000", "3m20s", "1,000 / 65", f"GPU (name not logged) / {cpu}"]
     segments = text.split("## Segments")[1].split("## References")[0]
     seg = [table_row(segments, run_dir.name, str(i)) for i in (1, 2, 3)]
     assert seg[0][2:] == ["GPU (name not logged)", "0–1,000", "1m40s", "1,000", "10", "-"]
