@@ -1,8 +1,8 @@
 """How decided is a Pong policy? The analysis behind this folder's README (Pong's shortfall): play one game in each of
 8 envs with actions sampled from a ppo_atari.py network, as in training, and print the scores, the mean entropy of the
 6-way action distribution, and the mean entropy over the 3 paddle moves when each is merged with its FIRE twin (NOOP
-and FIRE, RIGHT and RIGHTFIRE, LEFT and LEFTFIRE; FIRE matters only around a serve). Then the same 8 games' seeds
-with the likeliest action always taken: what the network's preferences score without the sampling.
+and FIRE, RIGHT and RIGHTFIRE, LEFT and LEFTFIRE): how decided the policy is about the paddle's move. Then the same 8
+games' seeds with the likeliest action always taken: what the network's preferences score without the sampling.
 
     python benchmark/results/atari_gpu/pong_policy.py benchmark/results/atari_gpu/runs/<Pong run>/ppo_atari.model
 """
