@@ -414,7 +414,7 @@ def mark_diverged(path: str) -> bool:
     """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; False if none."""
     if not os.path.exists(path):
         return False
-    save_checkpoint(path, **(torch.load(path, weights_only=False) | dict(status="diverged")))
+    save_checkpoint(path, **(load_checkpoint(path) | dict(status="diverged")))
     return True
 
 
