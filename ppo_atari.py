@@ -21,6 +21,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import gpu_utils
+import run_utils
 
 
 @dataclass
@@ -584,6 +585,11 @@ if __name__ == "__main__":
 
     # ---------------- logging
     if is_main:
+        try:  # one writer per run folder: a second --resume of a live run stops here
+            run_lock = run_utils.lock_run_dir(f"runs/{run_name}")
+        except run_utils.RunInUse as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
         if args.track:
             import wandb
 

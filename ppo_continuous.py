@@ -17,6 +17,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import gpu_utils
+import run_utils
 
 
 @dataclass
@@ -488,6 +489,11 @@ if __name__ == "__main__":
             print(f"  {key:<26} {value!s:<18} ({source})")
 
     # ---------------- logging
+    try:  # one writer per run folder: a second --resume of a live run stops here
+        run_lock = run_utils.lock_run_dir(f"runs/{run_name}")
+    except run_utils.RunInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     if args.track:
         import wandb
 
