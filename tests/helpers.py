@@ -67,3 +67,34 @@ def assert_one_line_error(res, *words):
     for word in words:
         assert word in lines[0], lines[0]
     assert "Traceback" not in res.stderr
+
+
+# `python -c AT_UPDATE <action> <n> <script> args...` runs the script as __main__ and, at the n-th call of its update
+# step (the gpu_utils.CudaGraph that every script trains through: a PPO minibatch step, a Snake training step), does
+# <action> first: "sigterm" sends this process SIGTERM (a stop that arrives during that iteration); "garble"
+# overwrites every runs/*/checkpoint.pt with bytes that are no checkpoint
+AT_UPDATE = """
+import glob, os, runpy, signal, sys
+import gpu_utils
+action = sys.argv.pop(1)
+when = int(sys.argv.pop(1))
+call = gpu_utils.CudaGraph.__call__
+calls = []
+def counted(self, *args):
+    calls.append(1)
+    if len(calls) == when and action == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+    if len(calls) == when and action == "garble":
+        for path in glob.glob("runs/*/checkpoint.pt"):
+            with open(path, "wb") as f:
+                f.write(b"no checkpoint")
+    return call(self, *args)
+gpu_utils.CudaGraph.__call__ = counted
+sys.argv[0] = sys.argv.pop(1)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def at_update_prefix(action: str, call: int) -> list[str]:
+    """Interpreter arguments to put before the script's path (see AT_UPDATE)."""
+    return ["-c", AT_UPDATE, action, str(call)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_one_line_error, oom_prefix
+from helpers import assert_one_line_error, at_update_prefix, oom_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,3 +251,181 @@ def test_resuming_a_finished_run_does_nothing(script, finished, tmp_path):
     assert "--eval-checkpoint" in res.stdout and res.stderr == ""
     assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint.pt"]  # no event file, no other file
     assert (run_dir / "checkpoint.pt").stat().st_mtime_ns == written
+
+
+# the first update step of a TINY run's last iteration: 2 iterations of 2 minibatches; Snake learns in iterations 5-8
+LAST_ITERATION_UPDATE = {"ppo_atari": 3, "ppo_continuous": 3, "dqn_snake_vec": 4}
+
+
+def run_with(prefix, script, args, cwd):
+    """``run`` with interpreter arguments before the script's path (helpers.at_update_prefix)."""
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, *prefix, str(ROOT / f"{script}.py"), "--no-progress-bar", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_stop_in_the_last_iteration_finishes_the_run(script, tmp_path):
+    """Before: the PPO scripts wrote status 'stopped' at 100% of the steps, and every resume or sweep relaunched it."""
+    res = run_with(
+        at_update_prefix("sigterm", LAST_ITERATION_UPDATE[script]), script, [*TINY[script], "--save-model"], tmp_path
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
+    ckpt = torch.load(Path(run_dir) / "checkpoint.pt", weights_only=True)
+    assert ckpt["status"] == "finished" and ckpt["global_step"] == int(
+        TINY[script][TINY[script].index("--total-timesteps") + 1]
+    )
+    assert "continue with" not in res.stdout  # nothing is left to continue
+    assert (Path(run_dir) / f"{script}.model").exists()  # a run that reached its total saves its model
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_run_stopped_at_its_total_by_older_code_is_finished_on_resume(script, finished, tmp_path):
+    ckpt = torch.load(finished(script) / "checkpoint.pt", weights_only=True)
+    ckpt["status"] = "stopped"  # what a stop in the last iteration wrote before
+    run_dir = tmp_path / "runs" / ckpt["run_name"]
+    run_dir.mkdir(parents=True)
+    torch.save(ckpt, run_dir / "checkpoint.pt")
+    res = run(script, ["--resume", run_dir / "checkpoint.pt"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "nothing to do" in res.stdout and "reached its total" in res.stdout, res.stdout
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["status"] == "finished"
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint.pt"]  # no event file
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_diverged_run_whose_checkpoint_became_unreadable_says_so_in_one_line(script, finished, tmp_path):
+    """Before: marking the checkpoint diverged raised a traceback after the run's error."""
+    ckpt = torch.load(finished(script) / "checkpoint.pt", weights_only=True)
+    ckpt["args"]["learning_rate"] = float(BLOWUP)
+    ckpt["optimizer"]["param_groups"][0]["lr"] = float(BLOWUP)
+    ckpt["args"]["total_timesteps"] = ckpt["global_step"] + 16 * BATCH[script]
+    ckpt_path = tmp_path / "runs" / ckpt["run_name"] / "checkpoint.pt"
+    ckpt_path.parent.mkdir(parents=True)
+    torch.save(ckpt, ckpt_path)
+    res = run_with(at_update_prefix("garble", 1), script, ["--resume", ckpt_path, "--checkpoint-every", "0"], tmp_path)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the update diverged by step "), res.stderr[-2000:]
+    assert "could not be marked diverged" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("script", ["ppo_atari", "ppo_continuous"])
+def test_norm_adv_with_one_row_minibatches_is_one_line_error(script, tmp_path):
+    """Before: the std of one advantage is NaN, and the run stopped as diverged."""
+    one_row = ["--num-minibatches", str(BATCH[script])]  # the last flag given wins over TINY's
+    res = run(script, [*TINY[script], *one_row], tmp_path)
+    assert_one_line_error(res, "--norm-adv", "--no-norm-adv")
+    assert not (tmp_path / "runs").exists()
+    one_batch = ["--total-timesteps", str(BATCH[script])]
+    res = run(script, [*TINY[script], *one_row, "--no-norm-adv", *one_batch], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_optimizers_capturable_flag_follows_the_run_not_the_checkpoint(script, finished, tmp_path):
+    """Before: ppo_atari and dqn_snake_vec kept the checkpoint's flag, so a CPU checkpoint resumed with --cudagraphs
+    never captured its update (capturable False), and a GPU one resumed on the CPU stepped a capturable Adam."""
+    ckpt = torch.load(finished(script) / "checkpoint.pt", weights_only=True)
+    assert ckpt["optimizer"]["param_groups"][0]["capturable"] is False
+    ckpt["optimizer"]["param_groups"][0]["capturable"] = True  # as a --cudagraphs run on a GPU writes it
+    ckpt["args"]["total_timesteps"] = ckpt["global_step"] + BATCH[script]
+    ckpt_path = tmp_path / "runs" / ckpt["run_name"] / "checkpoint.pt"
+    ckpt_path.parent.mkdir(parents=True)
+    torch.save(ckpt, ckpt_path)
+    res = run(script, ["--resume", ckpt_path], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    resumed = torch.load(ckpt_path, weights_only=True)
+    assert resumed["global_step"] > ckpt["global_step"] and resumed["status"] == "finished"
+    assert resumed["optimizer"]["param_groups"][0]["capturable"] is False  # this run's: on the CPU, no graph
+
+
+# ---------------------------------------------------------------- the numbers of a tiny run, held across refactors
+FINGERPRINTS = ROOT / "tests" / "fingerprints.json"
+UNTIMED = ("charts/SPS", "threads/", "memory/", "gpu/")  # logged values that depend on the machine and its load
+
+
+def fingerprint(run_dir: Path, script: str) -> dict:
+    """What a TINY run computed: every tensor of its final checkpoint (weights, optimizer, RNG and env state) and of
+    its saved model, by SHA-256 of the bytes and by float64 sum and norm, and every logged scalar that is not a
+    timing (losses, returns, learning rate, ...)."""
+    import hashlib
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tensors = {}
+
+    def walk(prefix, value):
+        if isinstance(value, torch.Tensor):
+            data = value.detach().contiguous().reshape(-1)  # 1-d: a 0-d tensor cannot be viewed as bytes
+            as_float = data.double() if data.dtype != torch.bool else data.to(torch.float64)
+            tensors[prefix] = {
+                "sha256": hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest(),
+                "sum": float(as_float.sum()),
+                "norm": float(as_float.norm()),
+            }
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}/{key}", item)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(f"{prefix}/{i}", item)
+
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    for key in ["model", "optimizer", "rng", "target_network", "env", "obs_rms", "ret_rms"]:
+        if key in ckpt:
+            walk(f"checkpoint/{key}", ckpt[key])
+    walk("model", torch.load(run_dir / f"{script}.model", weights_only=True)["model"])
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = {
+        tag: [[event.step, event.value] for event in acc.Scalars(tag)]
+        for tag in sorted(acc.Tags()["scalars"])
+        if not tag.startswith(UNTIMED)
+    }
+    return {"tensors": tensors, "scalars": scalars}
+
+
+def machine() -> dict:
+    model = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    return {"torch": torch.__version__, "cpu": model}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_tiny_run_computes_the_stored_numbers(script, finished):
+    """The same seed gives the same numbers, before and after any refactor: bitwise where torch's version and the CPU
+    are those that stored tests/fingerprints.json, within a tight tolerance elsewhere (another CPU may round
+    differently). A change to what a run computes (the loss, the advantages, an env rule) fails here; when it is
+    meant, store the new numbers with `UPDATE_FINGERPRINTS=1 pytest tests/test_contract.py -k tiny_run` and say why
+    in the commit."""
+    import json
+
+    got = fingerprint(finished(script), script)
+    stored = json.loads(FINGERPRINTS.read_text()) if FINGERPRINTS.exists() else {}
+    if os.environ.get("UPDATE_FINGERPRINTS"):
+        stored = stored if stored.get("machine") == machine() else {"machine": machine()}
+        stored[script] = got
+        FINGERPRINTS.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    expected = stored[script]
+    assert sorted(got["tensors"]) == sorted(expected["tensors"])
+    assert sorted(got["scalars"]) == sorted(expected["scalars"])
+    if stored["machine"] == machine():
+        changed = [
+            name for name, value in got["tensors"].items() if value["sha256"] != expected["tensors"][name]["sha256"]
+        ]
+        assert changed == [], f"{len(changed)} tensors differ bitwise, e.g. {changed[:5]}"
+        assert got["scalars"] == expected["scalars"]
+        return
+    for name, value in got["tensors"].items():  # another machine: the same numbers up to rounding
+        for stat in ("sum", "norm"):
+            assert value[stat] == pytest.approx(expected["tensors"][name][stat], rel=1e-4, abs=1e-5), (name, stat)
+    for tag, events in got["scalars"].items():
+        assert [step for step, _ in events] == [step for step, _ in expected["scalars"][tag]], tag
+        values = [value for _, value in expected["scalars"][tag]]
+        assert [value for _, value in events] == pytest.approx(values, rel=1e-4, abs=1e-5, nan_ok=True), tag
