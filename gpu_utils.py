@@ -9,6 +9,7 @@ Importing this module has no side effects. ``python gpu_utils.py`` prints what t
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -245,7 +246,9 @@ class CpuShare:
     when each began on every core, 17-18 s when the second began on its share).
 
     Inert (``update()`` always False) when the budget is explicit: ``--num-threads``, ``OMP_NUM_THREADS``,
-    ``SLURM_CPUS_PER_TASK`` or an affinity narrower than the machine (a sweep's ``taskset``), or without ``fcntl``.
+    ``SLURM_CPUS_PER_TASK`` or an affinity narrower than the machine (a sweep's ``taskset``), or without ``fcntl``;
+    and, saying so in one line, when the directory is unusable or not private to this user (another user could
+    crash, hang or starve the runs through it). Only regular files of this user's are opened there.
     """
 
     def __init__(
@@ -272,13 +275,20 @@ class CpuShare:
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         default = Path(runtime, "gpu-rl") if runtime else Path(f"/tmp/gpu-rl-{os.getuid()}")
         self.directory = Path(directory or default)
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         name = f"{time.time_ns():020d}-{self._pid}"
-        # lock under a name the others skip, then rename: no run ever sees this file unlocked and removes it
-        self._file = open(self.directory / f"{name}.new", "w")
-        fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self.path = self.directory / f"{name}.lock"
-        os.rename(self.directory / f"{name}.new", self.path)
+        problem = _private_directory(self.directory)
+        try:
+            if not problem:  # lock under a name the others skip, then rename: no run ever sees it unlocked
+                self._file = open(self.directory / f"{name}.new", "w")
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.path = self.directory / f"{name}.lock"
+                os.rename(self.directory / f"{name}.new", self.path)
+        except OSError as exc:
+            problem = f"cannot use {self.directory}: {exc.strerror or type(exc).__name__}"
+            self._file = None
+        if problem:  # a run never fails for want of a share: it keeps its budget, alone
+            print(f"threads: no CPU share with other runs ({problem})")
+            return
         os.register_at_fork(after_in_child=self._forget)  # a forked worker must not hold or release the lock
         self.update()  # this run's share from its first step on
 
@@ -293,16 +303,18 @@ class CpuShare:
 
         live = [self.path]  # this run counts even if something removed its file
         for path in self.directory.glob("*.lock"):
-            if path == self.path:
+            fd = open_own_file(path, os.O_RDONLY) if path != self.path else None
+            if fd is None:  # this run's, or not a run's: a FIFO, a link, another user's file
                 continue
             try:
-                with open(path) as other:
-                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    path.unlink(missing_ok=True)  # we could lock it: its run is gone
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                path.unlink(missing_ok=True)  # we could lock it: its run is gone
             except BlockingIOError:
                 live.append(path)
             except OSError:  # removed by another run meanwhile
                 pass
+            finally:
+                os.close(fd)
         return sorted(live)
 
     def update(self) -> bool:
@@ -329,6 +341,37 @@ class CpuShare:
             self.path.unlink(missing_ok=True)
             self._file.close()
             self._file = None
+
+
+def _private_directory(path: Path) -> str:
+    """Make ``path`` (mode 0700) where it is missing. "" when it is a directory of this user's that no one else may
+    write to, else why not, in a few words: a predictable name in /tmp can be made first by another user."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"cannot use {path}: {exc.strerror or type(exc).__name__}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a directory"
+    if info.st_uid != os.getuid():
+        return f"{path} belongs to another user"
+    if info.st_mode & 0o022:
+        return f"{path} is writable by other users"
+    return ""
+
+
+def open_own_file(path: str | Path, flags: int) -> int | None:
+    """A descriptor of ``path`` when it is a regular file of this user's, else None: a FIFO, a device, a symbolic
+    link or another user's file is never opened for real (O_NONBLOCK keeps a FIFO from blocking the open)."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+        os.close(fd)
+        return None
+    return fd
 
 
 def limit_threads(num_threads: int = 1) -> None:

@@ -8,8 +8,9 @@ few visible lines for what every run does the same way. Importing it has no side
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
+
+import gpu_utils
 
 CHECKPOINT_STATUSES = ("running", "stopped", "finished", "diverged")
 """What a checkpoint's ``status`` says: running (a periodic checkpoint), stopped (on a signal), finished (its total
@@ -48,20 +49,6 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     return ckpt
 
 
-def _open_own_regular_file(path: Path, flags: int) -> int | None:
-    """A descriptor of ``path`` when it is a regular file this user owns, else None (a FIFO, a device, a link or
-    another user's file is never opened for real: O_NONBLOCK keeps a FIFO from blocking the open)."""
-    try:
-        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
-        os.close(fd)
-        return None
-    return fd
-
-
 def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
     """Hold ``<run_dir>/.lock`` locked while this process lives, so that no second process writes into a live run's
     folder (a sweep asks ``run_is_live``). Returns the descriptor (keep it open), or None where locks do not work (no
@@ -73,7 +60,7 @@ def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
         return None
     os.makedirs(run_dir, exist_ok=True)
     path = Path(run_dir, RUN_LOCK)
-    fd = _open_own_regular_file(path, os.O_RDWR | os.O_CREAT)
+    fd = gpu_utils.open_own_file(path, os.O_RDWR | os.O_CREAT)
     if fd is None:
         return None
     try:
@@ -95,7 +82,7 @@ def run_is_live(run_dir: str | os.PathLike) -> bool:
         import fcntl
     except ImportError:
         return False
-    fd = _open_own_regular_file(Path(run_dir, RUN_LOCK), os.O_RDONLY)
+    fd = gpu_utils.open_own_file(Path(run_dir, RUN_LOCK), os.O_RDONLY)
     if fd is None:
         return False
     try:

@@ -640,3 +640,42 @@ def test_free_memory_reads_memavailable_and_the_cgroup_limit(tmp_path):
     (cgroup / "memory.max").write_text("max\n")  # no limit
     assert gpu_utils.free_memory(cpu, str(meminfo), str(cgroup)) == 20000000 * 1024
     assert gpu_utils.free_memory(cpu, str(tmp_path / "missing"), str(cgroup)) is None
+
+
+def test_cpu_share_runs_without_a_share_where_its_directory_is_unusable(eight_cpus, tmp_path, capsys):
+    """Before: XDG_RUNTIME_DIR=/proc/self ended the run in a FileNotFoundError traceback, and a directory made by
+    someone else (or writable by others) was used as it was."""
+    world_writable = tmp_path / "open"
+    world_writable.mkdir()
+    world_writable.chmod(0o777)
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "file").write_text("")
+    cases = {"/proc/self/gpu-rl": "cannot use", world_writable: "writable by other users"}
+    cases |= {tmp_path / "link": "not a directory", tmp_path / "file": "cannot use"}
+    if os.geteuid() == 0:  # a directory another user made first, to crash, hang or starve this user's runs
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        cases[theirs] = "belongs to another user"
+    for directory, why in cases.items():
+        share = gpu_utils.CpuShare(gpu_utils.thread_budget(), directory, interval=0)
+        assert share.update() is False and (share.threads, share.why) == (8, "CPU affinity"), directory
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("threads: no CPU share with other runs (") and why in lines[0]
+        share.close()
+    assert eight_cpus == []  # nothing set
+
+
+def test_cpu_share_opens_only_regular_lock_files_of_its_own(eight_cpus, tmp_path):
+    """Before: a FIFO named *.lock hung every new run in live_runs()."""
+    os.mkfifo(tmp_path / "0-fifo.lock")
+    (tmp_path / "1-dir.lock").mkdir()
+    (tmp_path / "2-link.lock").symlink_to(tmp_path / "0-fifo.lock")
+    code = (
+        "import os, sys, gpu_utils; os.cpu_count = lambda: len(os.sched_getaffinity(0));"
+        " share = gpu_utils.CpuShare(gpu_utils.thread_budget(), sys.argv[1], interval=0);"
+        " print(len(share.live_runs()), share.threads == len(os.sched_getaffinity(0)))"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.split() == ["1", "True"], res.stdout + res.stderr  # alone, not hung
