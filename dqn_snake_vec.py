@@ -1,8 +1,7 @@
 # Double DQN on N Snake games that live as tensors on one device (a GPU when there is one) and step together.
 # Usage: python dqn_snake_vec.py                    python dqn_snake_vec.py --num-envs 4096 --gpu true
+import itertools
 import os
-import random
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -13,8 +12,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 import gpu_utils
 import run_utils
@@ -121,37 +118,44 @@ RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch"
 RUNTIME_FLAGS |= {"buffer_device", "eval_epsilon"}
 
 
-def validate(args):
-    """Raise ValueError with the one-line message of the first setting that cannot work."""
+def validate(args: Args, device: torch.device | None = None) -> None:
+    """Raise ValueError with the one-line message of the first setting that cannot work; with a ``device``, also a
+    replay memory larger than the memory free there (not for --eval-checkpoint, which makes none)."""
     h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
     epsilons = (args.start_e, args.end_e, args.eval_epsilon)
-    checks = {  # the one-line error for each condition that must hold
-        f"--height and --width must be at least 3, got {h} x {w}": min(h, w) >= 3,
-        f"--num-envs must be at least 1, got {n}": n >= 1,
-        f"--total-timesteps must be at least --num-envs ({n})": args.total_timesteps >= n,
-        f"--n-step must be at least 1, got {args.n_step}": args.n_step >= 1,
-        "--gamma and --tau must be in (0, 1]": 0 < args.gamma <= 1 and 0 < args.tau <= 1,
-        f"--buffer-size ({buffer_size}) must hold at least --batch-size and --num-envs": (
-            args.batch_size >= 1 and buffer_size >= max(args.batch_size, n)
-        ),
-        "--updates-per-step must be at least 0": args.updates_per_step >= 0,
-        "--target-network-frequency must be at least 1": args.target_network_frequency >= 1,
-        "--exploration-fraction must be in (0, 1]": 0 < args.exploration_fraction <= 1,
-        "--eval-episodes must be at least 1": args.eval_episodes >= 1,
-        f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
-        f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
-        f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": (
-            0 <= min(epsilons) and max(epsilons) <= 1
-        ),
-        f"--learning-starts must be at least 0, got {args.learning_starts}": args.learning_starts >= 0,
-        f"--log-every must be at least 1 (env steps), got {args.log_every}": args.log_every >= 1,
-        f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {args.checkpoint_every}": (
-            args.checkpoint_every >= 0
-        ),
-    }
-    failed = [message for message, ok in checks.items() if not ok]
-    if failed:
-        raise ValueError(failed[0])
+    run_utils.check(
+        {
+            f"--height and --width must be at least 3, got {h} x {w}": min(h, w) >= 3,
+            f"--num-envs must be at least 1, got {n}": n >= 1,
+            f"--total-timesteps must be at least --num-envs ({n})": args.total_timesteps >= n,
+            f"--n-step must be at least 1, got {args.n_step}": args.n_step >= 1,
+            "--gamma and --tau must be in (0, 1]": 0 < args.gamma <= 1 and 0 < args.tau <= 1,
+            f"--buffer-size ({buffer_size}) must hold at least --batch-size and --num-envs": (
+                args.batch_size >= 1 and buffer_size >= max(args.batch_size, n)
+            ),
+            "--updates-per-step must be at least 0": args.updates_per_step >= 0,
+            "--target-network-frequency must be at least 1": args.target_network_frequency >= 1,
+            "--exploration-fraction must be in (0, 1]": 0 < args.exploration_fraction <= 1,
+            f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": (
+                0 <= min(epsilons) and max(epsilons) <= 1
+            ),
+            f"--learning-starts must be at least 0, got {args.learning_starts}": args.learning_starts >= 0,
+            f"--log-every must be at least 1 (env steps), got {args.log_every}": args.log_every >= 1,
+        }
+        | run_utils.shared_checks(args)
+    )
+    if device is None or args.eval_checkpoint:
+        return
+    # the replay memory holds two uint8 observations per transition: it grows with the board's area
+    replay_device = torch.device("cpu") if args.buffer_device == "cpu" else device
+    replay_bytes = buffer_size * ReplayBuffer.transition_bytes((4, h, w))
+    free = gpu_utils.free_memory(replay_device)
+    if free is not None and replay_bytes > free:
+        need = f"{replay_bytes / 2**30:.1f} GiB of replay memory"
+        raise ValueError(
+            f"--buffer-size {buffer_size} on {h}x{w} boards needs {need}, more than the "
+            f"{free / 2**30:.1f} GiB free on {replay_device}; lower --buffer-size or the board size"
+        )
 
 
 # ---------------------------------------------------------------- environment
@@ -418,34 +422,6 @@ class VecSnake:
         self.gen.set_state(state["generator"])
 
 
-class VideoRecorder:
-    """Writes env 0's games to <folder>/episode-<k>.mp4 on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
-    then every 1000th)."""
-
-    def __init__(self, folder: str, fps: int):
-        self.folder = folder
-        self.fps = fps
-        self.frames = []
-        self.episode = 0
-        os.makedirs(folder, exist_ok=True)
-
-    def add(self, frame: np.ndarray, game_over: bool) -> str | None:
-        """Add env 0's frame after this step ((H, W, 3) uint8); returns the video's path when a recorded game ends."""
-        episode = self.episode
-        recorded = round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
-        if recorded:
-            self.frames.append(frame)
-        self.episode += game_over
-        if not (game_over and self.frames):
-            return None
-        from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
-
-        path = os.path.join(self.folder, f"episode-{episode}.mp4")
-        ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
-        self.frames = []
-        return path
-
-
 def snake_view(planes: np.ndarray, cell: int = 16) -> np.ndarray:
     """One game's (4, H, W) observation as an RGB uint8 (H*cell, W*cell, 3) frame: head yellow, food red, the body
     green, brighter towards the head."""
@@ -588,66 +564,25 @@ class ReplayBuffer:
 
 def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminated, discounts):
     """Double DQN Huber loss over a (micro-)batch: the online network picks the next action, the target network
-    rates it. Returns (loss, stats: the loss and the mean Q-value)."""
+    rates it. Returns (loss, statistics by name: the loss and the mean Q-value)."""
     with torch.no_grad():
         next_actions = q_network(next_obs).argmax(1, keepdim=True)
         next_q = target_network(next_obs).gather(1, next_actions).squeeze(1)
         td_target = rewards + discounts * next_q * (~terminated)
     q = q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.smooth_l1_loss(q, td_target)
-    return loss, torch.stack([loss.detach(), q.detach().mean()])
+    return loss, {"td_loss": loss.detach(), "q_values": q.detach().mean()}
 
 
 # ---------------------------------------------------------------- checkpoint and evaluation
-def load_weights(modules: dict, ckpt: dict, path: str) -> None:
-    """Load a checkpoint's states into ``modules`` (key -> module), or exit with one line when they do not fit."""
-    try:
-        for key, module in modules.items():
-            module.load_state_dict(ckpt[key])
-    except (RuntimeError, ValueError, KeyError) as exc:
-        print(f"error: {path!r} does not fit the network ({str(exc).strip().splitlines()[0][:120]})", file=sys.stderr)
-        sys.exit(2)
-
-
-def save_checkpoint(path: str, **state) -> None:
-    """Write atomically: an interrupted save keeps the previous checkpoint."""
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def weights_finite(params) -> torch.Tensor:
-    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
-    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
-    return torch.stack([p.isfinite().all() for p in params]).all().float()
-
-
-def mark_diverged(path: str) -> bool:
-    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; False if none."""
-    if not os.path.exists(path):
-        return False
-    save_checkpoint(path, **(load_checkpoint(path) | dict(status="diverged")))
-    return True
-
-
 def load_checkpoint(path: str, training: bool = False) -> dict:
-    """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"cannot read checkpoint {path!r} ({type(e).__name__}); is it a dqn_snake_vec file?") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
-        raise ValueError(f"{path!r} is not a dqn_snake_vec checkpoint (no model/args); use one this script wrote")
-    written_by = ckpt.get("script", "dqn_snake_vec")  # files from before the key: the board size below tells
-    if written_by != "dqn_snake_vec":
-        raise ValueError(
-            f"{path!r} was written by {written_by}.py, not dqn_snake_vec.py; use a checkpoint dqn_snake_vec.py wrote"
+    """A checkpoint.pt or .model file this script wrote (run_utils.load_checkpoint; older files of another script
+    have no board size); ``training``: it holds the games' state too."""
+    ckpt = run_utils.load_checkpoint(path, "dqn_snake_vec", lambda args: {"height", "width"} <= set(args), training)
+    if training and "env" not in ckpt:
+        raise run_utils.CheckpointError(
+            f"{path!r} holds no games' state; resume from a checkpoint.pt this script wrote"
         )
-    if not {"height", "width"} <= set(ckpt["args"]):  # another script's file, written before the key
-        raise ValueError(f"{path!r} is another script's checkpoint (no board size); use one dqn_snake_vec wrote")
-    if training and not {"optimizer", "iteration", "global_step", "rng", "run_name", "env"} <= set(ckpt):
-        raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
     return ckpt
 
 
@@ -669,56 +604,33 @@ def evaluate(env, act):
 if __name__ == "__main__":
     # ---------------- arguments and their checks
     args = tyro.cli(Args)
-    try:
+    given = dict(vars(args))
+    with run_utils.one_line_errors():
         ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
         if ckpt:
-            vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_FLAGS and hasattr(args, k)})
+            run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
         if eval_ckpt:  # the board of the saved network; the rest of the evaluation comes from the command line
             args.height = eval_ckpt["args"]["height"]
             args.width = eval_ckpt["args"]["width"]
         validate(args)
-        micro_batch = gpu_utils.parse_micro_batch(args.micro_batch, args.batch_size)
-        device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
-        if args.cudagraphs and device.type != "cuda":
-            raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
-        # the replay memory holds two uint8 observations per transition: it grows with the board's area
-        replay_device = torch.device("cpu") if args.buffer_device == "cpu" else device
-        replay_bytes = args.buffer_size * ReplayBuffer.transition_bytes((4, args.height, args.width))
-        free = gpu_utils.free_memory(replay_device)
-        if free is not None and replay_bytes > free and not eval_ckpt:  # an evaluation makes no replay memory
-            need = f"{replay_bytes / 2**30:.1f} GiB of replay memory"
-            raise ValueError(
-                f"--buffer-size {args.buffer_size} on {args.height}x{args.width} boards needs {need}, more than the "
-                f"{free / 2**30:.1f} GiB free on {replay_device}; lower --buffer-size or the board size"
-            )
+        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, args.batch_size))
+        device, device_why = run_utils.select_device(args)
+        validate(args, device)
         threads = gpu_utils.thread_budget(args.num_threads)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    # a finished run with nothing left to train: say so and write nothing (no log file, no checkpoint rewrite)
-    finished = ckpt is not None and ckpt.get("status") == "finished"
-    if finished and ckpt["iteration"] >= args.total_timesteps // args.num_envs:
-        print(
-            f"nothing to do: {args.resume} is a finished run (step {ckpt['global_step']}); evaluate it with "
-            f"--eval-checkpoint {args.resume}, or start a new run to train longer"
-        )
-        sys.exit(0)
+    num_iterations = args.total_timesteps // args.num_envs
+    run_utils.exit_if_done(ckpt, num_iterations, args.resume)
 
     # ---------------- device, threads, seeds
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
     n, h, w = args.num_envs, args.height, args.width
-    run_name = ckpt["run_name"] if ckpt else f"Snake{h}x{w}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(f"Snake{h}x{w}", args)
+    run_utils.seed(args.seed)
     if eval_ckpt:
         env = VecSnake(args.eval_episodes, h, w, device=device, seed=args.seed, mode=args.env_mode)
         q_network = QNetwork(h, w, amp=args.amp).to(device)
-        load_weights({"model": q_network}, eval_ckpt, args.eval_checkpoint)
+        run_utils.load_states({"model": q_network}, eval_ckpt, args.eval_checkpoint)
         returns, scores, lengths = evaluate(env, lambda obs: epsilon_greedy(q_network(obs), args.eval_epsilon))
         print(
             f"eval Snake{h}x{w}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
@@ -727,40 +639,16 @@ if __name__ == "__main__":
         sys.exit(0)
     # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
     cpu_share = gpu_utils.CpuShare(threads)
-    print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
-    amp_note = gpu_utils.bf16_note(device) if args.amp else ""
-    if amp_note:
-        print(amp_note)
-    share = f"{cpu_share.threads} ({cpu_share.why})"
-    print(f"threads: {share}: {torch.get_num_threads()} torch, the games are torch ops too")
-    print("config:")
-    for key, value in vars(args).items():
-        if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
-            source = "checkpoint" if ckpt else "default" if value == getattr(Args, key) else "command line"
-            print(f"  {key:<26} {value!s:<18} ({source})")
+    share = f"{cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, the games are torch ops too"
+    run_utils.print_device(device, device_why, tf32, args.amp, share)
+    run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, {}, "config:")
 
     # ---------------- logging
-    try:  # one writer per run folder: a second --resume of a live run stops here
-        run_lock = run_utils.lock_run_dir(f"runs/{run_name}")
-    except run_utils.RunInUse as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-            resume="allow",
-            id=ckpt.get("wandb_id") if ckpt else None,
+    start_iteration = ckpt["iteration"] if ckpt else 0
+    with run_utils.one_line_errors():  # another process may be training in this run folder
+        run = run_utils.Run(
+            args, "dqn_snake_vec", run_name, ckpt, device, cpu_share, num_iterations * n, start_iteration * n
         )
-    writer = SummaryWriter(f"runs/{run_name}")
-    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
 
     # ---------------- env and network
     env_mode = "fused" if args.cudagraphs and args.env_mode == "auto" else args.env_mode
@@ -774,22 +662,18 @@ if __name__ == "__main__":
     params = list(q_network.parameters())
     buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
     graph_blockers = {  # why a training step cannot be one CUDA graph: each needs the host inside the step
-        f"--micro-batch {micro_batch} splits the batch of {args.batch_size}": micro_batch < args.batch_size,
+        f"--micro-batch {micro.rows} splits the batch of {args.batch_size}": micro.rows < args.batch_size,
         "--buffer-device cpu puts the replay memory on the host": buffer_device != device,
         f"--env-mode {env.mode}: only the fused step updates the games in place": env.mode != "fused",
         "--target-network-frequency above 1 counts the updates on the host": args.target_network_frequency != 1,
     }
-    blockers = [why for why, blocks in graph_blockers.items() if blocks]
-    use_graph = args.cudagraphs and not blockers
+    use_graph = args.cudagraphs and not any(graph_blockers.values())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True, capturable=use_graph)
-    num_iterations = args.total_timesteps // n
-    start_iteration = 0
     if ckpt:
         modules = dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env)
-        load_weights(modules, ckpt, args.resume)
+        run_utils.load_states(modules, ckpt, args.resume)
         obs = env.observe()
         gpu_utils.set_rng_state(ckpt["rng"][0], device)
-        start_iteration = ckpt["iteration"]
         print(
             f"resumed {args.resume} at step {ckpt['global_step']} (iteration {start_iteration}/{num_iterations}); "
             "the replay memory starts empty"
@@ -800,13 +684,8 @@ if __name__ == "__main__":
         with torch.no_grad():
             return epsilon_greedy(q_network(obs), epsilon)
 
-    loss_fn = td_loss
-    if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
-        # reduce-overhead: CUDA graphs of their own, unless the whole training step is one graph that holds them
-        mode = "reduce-overhead" if args.cudagraphs and not use_graph else "default"
-        print(f"compile: the action step and the loss, mode {mode}")
-        act = torch.compile(act, mode=mode)
-        loss_fn = torch.compile(td_loss, mode=mode)
+    captured = "both" if use_graph else ""  # the training step's own graph holds the action step and the loss
+    act, loss_fn = gpu_utils.compile_steps(act, td_loss, args.compile, args.cudagraphs, captured)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(q_network, target_network, *data)
@@ -823,34 +702,22 @@ if __name__ == "__main__":
         resident_bytes += n * h * w * (2 * 4 + 4)
     # activations: three forwards of a training batch, or one no-grad forward over every game to act, the larger
     rows = max(3 * args.batch_size, n)
-    est = gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows)
-    print(est)
-    writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
-    writer.add_text("device", gpu_utils.device_label(device), global_step)  # a resumed run may change machine
-
-    stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
-
-    def checkpoint(iteration, status):
-        state = dict(model=q_network.state_dict(), target_network=target_network.state_dict(), env=env.state_dict())
-        state |= dict(optimizer=optimizer.state_dict(), args=vars(args), rng=[gpu_utils.rng_state(device)])
-        state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
-        wandb_id = wandb.run.id if args.track else None
-        save_checkpoint(f"runs/{run_name}/checkpoint.pt", script="dqn_snake_vec", wandb_id=wandb_id, **state)
+    run.note_estimate(
+        gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows), global_step
+    )
 
     # ---------------- training loop: one iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
     learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
     exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
-    pbar = tqdm(total=num_iterations * n, initial=global_step, disable=not args.progress_bar, unit_scale=True)
     # info key -> chart of the per-episode means logged; ep_stats: episodes finished, then their sums
     episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
     episode_charts["length"] = "snake_length"
     ep_stats = torch.zeros(5, device=device)
-    train_stats = torch.zeros(3, device=device)  # updates, td loss, q-value
+    train_stats = {name: torch.zeros((), device=device) for name in ("updates", "td_loss", "q_values")}
     target_params = list(target_network.parameters())
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
+    updates = itertools.count(1)  # gradient updates so far, counted on the host (a graph needs frequency 1)
 
     def collect(obs, epsilon):
         """Act on every game, step them all, push the step to the n-step ring and its n-step transition to the
@@ -870,136 +737,89 @@ if __name__ == "__main__":
         """collect, then --updates-per-step TD updates on replay samples (clipping, Adam, the target's Polyak step).
         No host sync, so that under --cudagraphs the whole step is one captured CUDA graph; elsewhere it runs
         eagerly."""
-        global micro_batch, num_updates  # the out-of-memory back-off may halve it (only in eager calls)
         out = collect(obs, epsilon)
         for _ in range(args.updates_per_step):
             samples = rb.sample(args.batch_size)
-            stats, micro_batch = gpu_utils.accumulate_gradients(mb_loss, samples, micro_batch, params)
+            stats = gpu_utils.accumulate_gradients(mb_loss, samples, micro, params)
             nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
-            train_stats.add_(torch.cat([stats.new_ones(1), stats]))
-            num_updates += 1
-            if num_updates % args.target_network_frequency == 0:
+            train_stats["updates"].add_(1)
+            torch._foreach_add_(
+                [train_stats["td_loss"], train_stats["q_values"]], [stats["td_loss"], stats["q_values"]]
+            )
+            if next(updates) % args.target_network_frequency == 0:
                 with torch.no_grad():
                     torch._foreach_lerp_(target_params, params, args.tau)
         return out
 
-    learning_step_graph = gpu_utils.CudaGraph(learning_step, enabled=use_graph, name="training step")
-    if args.cudagraphs:
-        print(
-            "training step: one CUDA graph (act, every game's step, n-step, replay, TD update, target)"
-            if use_graph
-            else f"training step: eager ({blockers[0]})"
-        )
-    recorder = VideoRecorder(f"videos/{run_name}", fps=10) if args.capture_video else None
+    holds = "one CUDA graph (act, every game's step, n-step, replay, TD update, target)"
+    learning_step = gpu_utils.CudaGraph.requested(
+        learning_step, args.cudagraphs, graph_blockers, "training step", holds, micro=micro
+    )
+    recorder = run_utils.VideoRecorder(f"videos/{run_name}", fps=10) if args.capture_video else None
     video_frames = []  # game 0's observation after each step of this log window, and whether its game ended
     video_ends = []
-    num_updates = 0
     learning = False
-    windows = []  # (env steps, seconds) of each log window; the first is warm-up
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
-    train_start = time.time()
     window_start = time.perf_counter()
-    last_log_iteration = start_iteration
-    iteration = start_iteration
-    monitor = gpu_utils.GPUMonitor(device).start()
+    last_log_iteration = iteration = start_iteration
     while iteration < num_iterations:
         epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * global_step / exploration_steps)
         epsilon_t.fill_(epsilon)
         # once on, learning stays on (a graph adds transitions without the host counting them)
         learning = learning or (iteration >= learning_starts_iteration and rb.added >= args.batch_size)
-        rows = micro_batch
-        obs, final_obs, ended = learning_step_graph(obs, epsilon_t) if learning else collect(obs, epsilon_t)
-        if micro_batch != rows:
-            print(f"micro-batch: CUDA out of memory at {rows} rows, now {micro_batch} rows per backward pass")
-            writer.add_scalar("memory/micro_batch", micro_batch, global_step)
+        obs, final_obs, ended = learning_step(obs, epsilon_t) if learning else collect(obs, epsilon_t)
+        run.report_micro_batch(micro, global_step)
         if recorder is not None:  # game 0's frames stay on the device until the log window's one copy to the host
             video_frames.append(final_obs.clone())
             video_ends.append(ended.clone())
         iteration += 1
         global_step += n
-        if cpu_share.update():  # another run started or ended: this run's share of the CPUs changed
-            print(f"threads: {cpu_share.threads} ({cpu_share.why})")
 
         # ---------------- logging: one pull of scalars to the host per log window; a checkpoint ends a window too
-        save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop
-        if iteration % log_interval == 0 or iteration == num_iterations or save_now:
+        stopping = bool(run.stop)
+        finished = iteration == num_iterations
+        save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished
+        if iteration % log_interval == 0 or save_now:
             count, *sums = ep_stats.tolist()
             # the weights are checked before a checkpoint could save them
-            updates, loss, q_mean, finite = torch.cat([train_stats, weights_finite(params)[None]]).tolist()
+            pulled = torch.stack([*train_stats.values(), run_utils.weights_finite(params)]).tolist()
+            num_updates, loss, q_mean, finite = pulled
             diverged = not finite
-            windows.append(((iteration - last_log_iteration) * n, time.perf_counter() - window_start))
-            sps = windows[-1][0] / windows[-1][1]
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
-            logs["threads/torch"] = cpu_share.threads
-            if len(windows) > 1:  # the first window after a start or resume is warm-up (compile, caches, no learning)
-                logs["charts/SPS"] = sps
-            recent = "-"
+            text = f"eps {epsilon:.2f}, return -"
             if count:
                 logs |= {f"charts/{chart}": value / count for chart, value in zip(episode_charts.values(), sums)}
-                recent = f"return {logs['charts/episodic_return']:.2f}, length {logs['charts/snake_length']:.1f}"
-            if updates:
-                logs |= {"losses/td_loss": loss / updates, "losses/q_values": q_mean / updates}
-            for key, value in {**logs, **monitor.collect()}.items():
-                writer.add_scalar(key, value, global_step)
+                means = logs["charts/episodic_return"], logs["charts/snake_length"]
+                text = f"eps {epsilon:.2f}, return {means[0]:.2f}, length {means[1]:.1f}"
+            if num_updates:
+                logs |= {"losses/td_loss": loss / num_updates, "losses/q_values": q_mean / num_updates}
             if video_frames:
                 frames = torch.stack(video_frames).cpu().numpy()
                 for frame, game_over in zip(frames, torch.stack(video_ends).tolist()):
-                    video = recorder.add(snake_view(frame), game_over)
-                    if video and args.track:
-                        wandb.log({"videos": wandb.Video(video)}, commit=False)
+                    run.log_video(recorder.add(snake_view(frame), game_over))
                 video_frames.clear()
                 video_ends.clear()
-            pbar.set_postfix_str(f"SPS={sps:,.0f} eps={epsilon:.2f} {recent}", refresh=False)
-            pbar.update(global_step - pbar.n)
-            if not args.progress_bar:
-                print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, {recent}")
+            seconds = time.perf_counter() - window_start
+            run.log_window(
+                iteration, num_iterations, global_step, (iteration - last_log_iteration) * n, seconds, logs, text
+            )
             ep_stats.zero_()
-            train_stats.zero_()
+            for total in train_stats.values():
+                total.zero_()
             window_start = time.perf_counter()
             last_log_iteration = iteration
         if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
             break
         if save_now:
-            checkpoint(iteration, "stopped" if stop else "running")
-        if stop:
-            print(
-                f"stopping on {stop[0]}: checkpoint at step {global_step}; "
-                f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
-            )
+            state = dict(model=q_network.state_dict(), target_network=target_network.state_dict(), env=env.state_dict())
+            state |= dict(optimizer=optimizer.state_dict(), rng=[gpu_utils.rng_state(device)])
+            run.checkpoint(state | dict(iteration=iteration, global_step=global_step), finished, stopping)
+        if stopping:
             break
 
     # ---------------- end of the run
-    pbar.close()
-    monitor.close()
-    cpu_share.close()
-    if not stop and not diverged:
-        checkpoint(iteration, "finished")
-        if args.save_model:
-            model_path = f"runs/{run_name}/{args.exp_name}.model"
-            torch.save({"model": q_network.state_dict(), "args": vars(args), "script": "dqn_snake_vec"}, model_path)
-            print(f"model saved to {model_path}")
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-        writer.add_scalar("memory/peak_allocated_mib", peak, global_step)
-        print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
-    steady = windows[1:] or windows  # the first window is warm-up
-    sps = sum(s for s, _ in steady) / max(sum(t for _, t in steady), 1e-9)
-    print(
-        f"done: step {global_step}/{num_iterations * n} in {time.time() - train_start:.1f}s, {sps:,.0f} SPS, "
-        f"run dir runs/{run_name}"
-    )
-    writer.close()
-    if args.track:
-        wandb.finish(exit_code=int(diverged))
-    if diverged:
-        checkpoint_path = f"runs/{run_name}/checkpoint.pt"
-        kept = "no checkpoint had been written yet"
-        if mark_diverged(checkpoint_path):
-            kept = f"{checkpoint_path} keeps the last finite ones"
-        print(
-            f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
-            "start again with a lower --learning-rate or --max-grad-norm",
-            file=sys.stderr,
-        )
-        sys.exit(1)
+    if not diverged and iteration == num_iterations:
+        run.save_model(dict(model=q_network.state_dict()))
+    run.close(global_step, diverged)
+    run.exit(diverged, global_step)

@@ -13,7 +13,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -572,25 +572,38 @@ def estimate_memory(
     )
 
 
-def accumulate_gradients(
-    loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-    batch: Sequence[torch.Tensor],
-    micro_batch: int,
-    parameters: Sequence[nn.Parameter],
-) -> tuple[torch.Tensor, int]:
-    """Backpropagate a minibatch (``batch``: tensors with one row per sample) in micro-batches of at most
-    ``micro_batch`` rows.
+@dataclass
+class MicroBatch:
+    """Rows per backward pass (``--micro-batch``). ``accumulate_gradients`` halves ``rows`` on CUDA out-of-memory and
+    notes each back-off as (rows that did not fit, rows now) in ``backoffs``, for the run to report."""
 
-    ``loss_fn(*rows)`` gets the same rows of every tensor and returns (the mean loss over those rows, a tensor of
-    statistics that are means over them). Each loss and its statistics are weighted by the micro-batch's share of
-    the rows, so the accumulated gradients equal one backward over the whole minibatch for any loss that is a mean
-    over rows (normalise over the whole minibatch, e.g. PPO's advantages, before calling). The gradients of
-    ``parameters`` are cleared first. On ``torch.cuda.OutOfMemoryError`` they are cleared again, the micro-batch
-    halves and the minibatch starts over, down to one row. Returns (row-weighted statistics, the micro-batch size it
-    settled on: pass it in next time).
+    rows: int
+    backoffs: list[tuple[int, int]] = field(default_factory=list)
+
+
+Stats = torch.Tensor | dict[str, torch.Tensor]  # what a loss reports besides itself: means over its rows
+
+
+def accumulate_gradients(
+    loss_fn: Callable[..., tuple[torch.Tensor, Stats]],
+    batch: Sequence[torch.Tensor],
+    micro: MicroBatch,
+    parameters: Sequence[nn.Parameter],
+) -> Stats:
+    """Backpropagate a minibatch (``batch``: tensors with one row per sample) in micro-batches of at most
+    ``micro.rows`` rows.
+
+    ``loss_fn(*rows)`` gets the same rows of every tensor and returns (the mean loss over those rows, statistics that
+    are means over them: a tensor or a dict of tensors). Each loss and its statistics are weighted by the
+    micro-batch's share of the rows, so the accumulated gradients equal one backward over the whole minibatch for any
+    loss that is a mean over rows (normalise over the whole minibatch, e.g. PPO's advantages, before calling). The
+    gradients of ``parameters`` are cleared first. On ``torch.cuda.OutOfMemoryError`` they are cleared again, the
+    micro-batch halves (noted in ``micro``) and the minibatch starts over, down to one row. Returns the row-weighted
+    statistics.
     """
     rows = len(batch[0])
-    size = max(1, min(micro_batch, rows))
+    size = max(1, min(micro.rows, rows))
+    tried = size
     while True:
         for p in parameters:
             p.grad = None
@@ -601,8 +614,11 @@ def accumulate_gradients(
                 loss, chunk_stats = loss_fn(*(t[start:end] for t in batch))
                 weight = (end - start) / rows
                 (loss * weight).backward()
-                stats = chunk_stats * weight if stats is None else stats + chunk_stats * weight
-            return stats, size
+                stats = _weighted_sum(stats, chunk_stats, weight)
+            if size != tried:
+                micro.backoffs.append((tried, size))
+            micro.rows = size
+            return stats
         except torch.cuda.OutOfMemoryError:
             if size == 1:
                 raise
@@ -612,7 +628,52 @@ def accumulate_gradients(
             torch.cuda.empty_cache()
 
 
-Tensors = torch.Tensor | tuple[torch.Tensor, ...]  # what a captured step returns
+def _weighted_sum(total: Stats | None, stats: Stats, weight: float) -> Stats:
+    """``total + stats * weight`` for a tensor or a dict of tensors (``stats * weight`` when ``total`` is None)."""
+    if isinstance(stats, dict):
+        return {
+            key: _weighted_sum(None if total is None else total[key], value, weight) for key, value in stats.items()
+        }
+    return stats * weight if total is None else total + stats * weight
+
+
+def learning_rate_tensor(learning_rate: float, device: torch.device) -> torch.Tensor:
+    """A learning rate for Adam as a device tensor, annealed in place with ``fill_``, so a captured update needs no
+    re-capture. float64 on the CPU, where the fused Adam then computes exactly as with a Python float; float32 for
+    CUDA's fused kernel."""
+    return torch.tensor(learning_rate, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+
+
+def compile_steps(
+    act: Callable, loss: Callable, compile: bool, cudagraphs: bool, captured: str = "", verbose: bool = True
+) -> tuple[Callable, Callable]:
+    """``--compile`` and ``--cudagraphs``: torch.compile the action step and the loss, the algorithm's hot edges, in
+    mode reduce-overhead (CUDA graphs of their own) with --cudagraphs, else default. What a captured CudaGraph step
+    already holds (``captured``: "loss", or "both" when it acts too) compiles in mode default inside it."""
+    if not (compile or cudagraphs):
+        return act, loss
+    mode = "reduce-overhead" if cudagraphs else "default"
+    act_mode = "default" if captured == "both" else mode
+    loss_mode = "default" if captured else mode
+    if verbose:
+        print(
+            f"compile: the action step and the loss, mode {act_mode}"
+            + (", the loss default" if loss_mode != act_mode else "")
+        )
+    return torch.compile(act, mode=act_mode), torch.compile(loss, mode=loss_mode)
+
+
+def all_reduce_gradients(parameters: Sequence[nn.Parameter], world_size: int) -> None:
+    """Average the gradients of ``parameters`` over the processes of a torchrun job, in one flat all_reduce."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat / world_size, grads))
+
+
+Tensors = torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]  # what a captured step returns
 
 
 class CudaGraph:
@@ -622,9 +683,9 @@ class CudaGraph:
     counts) and let cuBLAS, the caching allocator and the optimizer's state settle. The next call copies its tensor
     arguments into static inputs, captures ``fn`` on them once and replays the graph; every later call copies its
     arguments into the same static inputs and replays. So ``fn`` must take tensors of fixed shapes, make no host sync
-    (``.item()``, ``.cpu()``, data-dependent shapes, Python branches on tensor values) and return a tensor or a tuple
-    of tensors: static outputs that the next call overwrites (clone what you keep). An optimizer inside ``fn`` needs
-    ``capturable=True`` (a learning rate to anneal must be a tensor updated in place) and ``fn`` should start with
+    (``.item()``, ``.cpu()``, data-dependent shapes, Python branches on tensor values) and return a tensor, a tuple or
+    a dict of tensors: static outputs that the next call overwrites (clone what you keep). An optimizer inside ``fn``
+    needs ``capturable=True`` (a learning rate to anneal must be a tensor updated in place) and ``fn`` should start with
     ``optimizer.zero_grad(set_to_none=True)``, so that backward writes the gradients into the graph's own memory.
     Random numbers from the default CUDA generator advance on every replay; other generators are not tracked.
 
@@ -635,16 +696,42 @@ class CudaGraph:
     failed attempt changed no tensor.
     """
 
-    def __init__(self, fn: Callable[..., Tensors], enabled: bool = True, warmup: int = 3, name: str = "step"):
+    def __init__(
+        self,
+        fn: Callable[..., Tensors],
+        enabled: bool = True,
+        warmup: int = 3,
+        name: str = "step",
+        micro: MicroBatch | None = None,
+    ):
         self.fn = fn
         self.enabled = enabled
         self.warmup = warmup
         self.name = name
+        self.micro = micro  # a back-off of its micro-batch in the eager warm-up: the step stays eager
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_args: tuple[torch.Tensor, ...] = ()
         self.static_out: Tensors | None = None
         self.failure = ""  # why the capture failed, when it did
+
+    @classmethod
+    def requested(
+        cls,
+        fn: Callable[..., Tensors],
+        cudagraphs: bool,
+        blockers: dict[str, bool],
+        name: str,
+        holds: str,
+        verbose: bool = True,
+        **kwargs,
+    ) -> CudaGraph:
+        """The graph that ``--cudagraphs`` asks for, unless one of ``blockers`` (why -> blocks) holds; says which
+        (``<name>: <holds>`` or ``<name>: eager (<why>)``) when it was asked for."""
+        blocker = next((why for why, blocks in blockers.items() if blocks), "")
+        if cudagraphs and verbose:
+            print(f"{name}: {f'eager ({blocker})' if blocker else holds}")
+        return cls(fn, enabled=cudagraphs and not blocker, name=name, **kwargs)
 
     def __call__(self, *args: torch.Tensor) -> Tensors:
         if not self.enabled:
@@ -656,6 +743,9 @@ class CudaGraph:
             with torch.cuda.stream(side):
                 out = self.fn(*args)
             torch.cuda.current_stream().wait_stream(side)
+            if self.micro is not None and self.micro.backoffs:  # a graph cannot hold the halved micro-batches
+                self.enabled = False
+                print(f"{self.name}: eager (CUDA out of memory: --micro-batch {self.micro.rows})")
             return out
         if self.graph is None:
             self.static_args = tuple(arg.clone() for arg in args)

@@ -2,8 +2,6 @@
 # Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7      (torchrun --nproc-per-node N for N GPUs)
 import collections
 import os
-import random
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -17,8 +15,6 @@ import torch.nn as nn
 import torch.optim as optim
 import tyro
 from torch.distributions import Categorical
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 import gpu_utils
 import run_utils
@@ -128,6 +124,41 @@ RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch"
 RUNTIME_FLAGS |= {"overlap_envs"}
 
 
+def validate(args: Args, world_size: int) -> None:
+    """Raise ValueError with the one-line message of the first setting that cannot work; fill in the minibatch size
+    and count (per process) that follow from the settings."""
+    hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
+    sizes = [args.num_envs, args.num_steps, args.update_epochs, args.max_episode_frames]
+    run_utils.check(
+        {
+            f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"': (
+                args.env_id in gym.envs.registry and args.env_id[:4] == "ALE/" and args.env_id[-3:] == "-v5"
+            ),
+            f"--env-threads must be at least 0 (0: the run's CPU threads), got {args.env_threads}": (
+                args.env_threads >= 0
+            ),
+            "--num-envs, --num-steps, --update-epochs and --max-episode-frames must be at least 1": min(sizes) >= 1,
+            f"--async-envs {args.async_envs}: 0 (off), or a batch from 1 to --num-envs - 1 ({args.num_envs - 1})": (
+                args.async_envs == 0 or 1 <= args.async_envs < args.num_envs
+            ),
+        }
+    )
+    batch_size = args.num_envs * args.num_steps  # per process
+    if args.num_minibatches is not None:
+        if args.num_minibatches < 1 or batch_size % args.num_minibatches:
+            valid = ", ".join(map(str, gpu_utils.divisors(batch_size)[:12]))
+            problem = f"--num-minibatches {args.num_minibatches} does not divide the batch {batch_size}"
+            raise ValueError(f"{problem}; valid: {valid}")
+        args.minibatch_size = batch_size // args.num_minibatches
+    try:
+        args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size)
+    except gpu_utils.BatchSizeError as exc:
+        raise ValueError(f"--minibatch-size: {exc} (num_envs * num_steps)") from None
+    args.num_minibatches = batch_size // args.minibatch_size
+    one_batch = f"--total-timesteps must be at least one batch ({batch_size * world_size} agent steps)"
+    run_utils.check(run_utils.shared_checks(args) | {one_batch: args.total_timesteps >= batch_size * world_size})
+
+
 # ---------------------------------------------------------------- environment
 def make_envs(args, num_envs: int, env_threads: int, batch_size: int = 0):
     """ale-py's C++ vector env stepped by threads: v5 semantics, raw rewards, game-over terminals, SameStep autoreset
@@ -178,37 +209,75 @@ class EpisodeTracker:
         return clipped, game_over | life_lost, game_over, scores, lengths
 
 
-class VideoRecorder:
-    """Writes env 0's games to <folder>/episode-<k>.mp4 on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
-    then every 1000th)."""
-
-    def __init__(self, folder: str, fps: int):
-        self.folder = folder
-        self.fps = fps
-        self.frames = []
-        self.episode = 0
-        os.makedirs(folder, exist_ok=True)
-
-    def add(self, frame: np.ndarray, game_over: bool) -> str | None:
-        """Add env 0's frame after this step ((H, W, 3) uint8); returns the video's path when a recorded game ends."""
-        episode = self.episode
-        recorded = round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
-        if recorded:
-            self.frames.append(frame)
-        self.episode += game_over
-        if not (game_over and self.frames):
-            return None
-        from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
-
-        path = os.path.join(self.folder, f"episode-{episode}.mp4")
-        ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
-        self.frames = []
-        return path
-
-
 def agent_view(obs: np.ndarray) -> np.ndarray:
     """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a video."""
     return np.repeat(np.repeat(obs[-1], 2, 0), 2, 1)[..., None].repeat(3, -1)
+
+
+class Rollout:
+    """The envs in two halves (one group without --overlap-envs) that take turns: the policy acts on one half's
+    observations while the other half's envs play (C++ threads). ``collect`` fills the (num_steps, num_envs) rollout
+    step by step; ``games`` holds the (score, length) of the games that ended in it."""
+
+    def __init__(self, env_groups, env_rows, seed: int, storage, pin: bool):
+        self.envs = env_groups
+        self.rows = env_rows
+        # device: obs, actions, logprobs, values (T, N) and next_obs (N); host: rewards (T, N) and dones (T + 1, N)
+        self.obs, self.actions, self.logprobs, self.values, self.next_obs, self.rewards, self.dones = storage
+        self.num_steps = self.rewards.shape[0]
+        # observations staged in pinned memory: one copy to the device per group and step
+        self.host_obs = torch.empty(self.next_obs.shape, dtype=torch.uint8, pin_memory=pin)
+        self.host_obs_np = self.host_obs.numpy()
+        self.trackers = []
+        for rows, envs in zip(env_rows, env_groups):  # env i gets seed + i
+            self.host_obs_np[rows], info = envs.reset(seed=seed + rows.start)
+            self.trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
+        self.next_obs.copy_(self.host_obs, non_blocking=True)
+        # each step's finished games (score over all lives, length), read once per rollout
+        self.game_over = np.zeros(self.rewards.shape, dtype=bool)
+        self.game_scores = np.zeros(self.rewards.shape)
+        self.game_lengths = np.zeros(self.rewards.shape, dtype=np.int64)
+        self.games = []
+
+    def collect(self, act, bootstrap, recorder=None) -> list[str]:
+        """Play num_steps steps of every env; returns the paths of the videos written. act(device obs) -> (actions,
+        log-probs, values); bootstrap(final_obs, truncated, terminated) -> gamma * V(final obs) where the frame cap
+        cut a game short, else 0."""
+        self.dones[0] = self.dones[self.num_steps]  # whether the first observation starts an episode
+        playing = collections.deque()  # (step, group) of the actions the envs are playing
+        videos = []
+        for step in range(self.num_steps):
+            for group, rows in enumerate(self.rows):
+                self.obs[step, rows] = self.next_obs[rows]
+                self.actions[step, rows], self.logprobs[step, rows], self.values[step, rows] = act(self.next_obs[rows])
+                # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
+                self.envs[group].send(self.actions[step, rows].cpu().numpy())
+                playing.append((step, group))
+                if len(playing) == len(self.rows):  # the other group's envs keep playing meanwhile
+                    videos += self.receive(*playing.popleft(), bootstrap, recorder)
+        while playing:
+            videos += self.receive(*playing.popleft(), bootstrap, recorder)
+        self.games = list(zip(self.game_scores[self.game_over], self.game_lengths[self.game_over]))
+        return [video for video in videos if video]
+
+    def receive(self, step, group, bootstrap, recorder) -> list[str | None]:
+        """The envs of ``group`` finish the step they were sent: store its results in row ``step``."""
+        rows = self.rows[group]
+        self.host_obs_np[rows], reward, terminated, truncated, info = self.envs[group].recv()
+        self.next_obs[rows].copy_(self.host_obs[rows], non_blocking=True)
+        clipped, learn_done, over, scores, lengths = self.trackers[group].step(
+            reward, terminated, truncated, info["lives"]
+        )
+        self.rewards[step, rows] = clipped
+        self.dones[step + 1, rows] = learn_done
+        self.game_over[step, rows] = over
+        self.game_scores[step, rows] = scores
+        self.game_lengths[step, rows] = lengths
+        if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+            self.rewards[step, rows] += bootstrap(info["final_obs"], truncated, terminated)
+        if recorder is None or group != 0:
+            return []
+        return [recorder.add(agent_view(self.host_obs_np[0]), bool(over[0]))]
 
 
 class AsyncRollout:
@@ -244,9 +313,9 @@ class AsyncRollout:
         self.discarded = 0.0
 
     def collect(self, act, bootstrap, recorder=None) -> list[str]:
-        """Play until every env has stored num_steps steps; returns the paths of the videos written. act(host obs)
-        -> device (obs, actions, log-probs, values); bootstrap(final_obs, truncated, terminated) -> gamma * V(final
-        obs) where the frame cap cut a game short, else 0."""
+        """Play until every env has stored num_steps steps; returns the paths of the videos written. act(device obs)
+        -> (actions, log-probs, values); bootstrap(final_obs, truncated, terminated) -> gamma * V(final obs) where the
+        frame cap cut a game short, else 0."""
         device = self.obs.device
         self.count[:] = 0  # the steps still in flight were sent when their envs' columns were full: none is stored
         self.games = []
@@ -254,7 +323,8 @@ class AsyncRollout:
         played = 0
         while True:
             ids = self.held_ids
-            x, action, logprob, value = act(self.held_obs)
+            x = torch.as_tensor(self.held_obs).to(device)
+            action, logprob, value = act(x)
             self.envs.send(action.cpu().numpy())
             self.playing[ids] = True
             self.storing[ids] = self.count[ids] < self.num_steps
@@ -283,8 +353,7 @@ class AsyncRollout:
             self.games += zip(scores[over].tolist(), lengths[over].tolist())
             if recorder is not None and (env == 0).any():
                 k = int(np.argmax(env == 0))
-                video = recorder.add(agent_view(obs[done[k]]), bool(over[k]))
-                videos += [video] if video else []
+                videos.append(recorder.add(agent_view(obs[done[k]]), bool(over[k])))
             stored = np.flatnonzero(self.storing[env])
             env, pos = env[stored], done[stored]
             row = self.count[env]
@@ -300,7 +369,7 @@ class AsyncRollout:
             if (self.count == self.num_steps).all():
                 break
         self.discarded = 1.0 - self.count.sum() / max(played, 1)
-        return videos
+        return [video for video in videos if video]
 
 
 # ---------------------------------------------------------------- network
@@ -348,15 +417,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
-# ppo_loss's stats in order (the last is squared: the loop logs the first minibatch's RMS(ratio - 1)), then the one the
-# loop adds
-LOSS_NAMES = ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "initial_ratio_error"]
-LOSS_NAMES += ["explained_variance"]
-
-
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
-    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, stats): value
-    loss, policy loss, entropy, old and new approximate KL, clip fraction, mean (ratio - 1)^2."""
+    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, statistics by
+    name), each a mean over the rows."""
     logits, newvalue = agent(obs)
     logp_all = torch.log_softmax(logits, -1)
     entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
@@ -369,9 +432,15 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
     else:
         v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
     with torch.no_grad():
-        kl = [(-logratio).mean(), ((ratio - 1) - logratio).mean()]
-        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-        stats = torch.stack([v_loss, pg_loss, entropy, *kl, clipfrac, ((ratio - 1) ** 2).mean()])
+        stats = {
+            "value_loss": v_loss.detach(),
+            "policy_loss": pg_loss.detach(),
+            "entropy": entropy.detach(),
+            "old_approx_kl": (-logratio).mean(),
+            "approx_kl": ((ratio - 1) - logratio).mean(),
+            "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
+            "ratio_mse": ((ratio - 1) ** 2).mean(),  # the first minibatch's must be 0: the rollout and the loss agree
+        }
     return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
 
 
@@ -387,58 +456,12 @@ def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- checkpoint and evaluation
-def load_weights(agent, optimizer, ckpt: dict, path: str) -> None:
-    """Load a checkpoint's model (and optimizer) state, or exit with one line when it does not fit this network."""
-    try:
-        agent.load_state_dict(ckpt["model"])
-        if optimizer is not None:
-            optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0][:120]
-        print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
-        sys.exit(2)
-
-
-def save_checkpoint(path: str, **state) -> None:
-    """Write atomically: an interrupted save keeps the previous checkpoint."""
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def weights_finite(params) -> torch.Tensor:
-    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
-    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
-    return torch.stack([p.isfinite().all() for p in params]).all().float()
-
-
-def mark_diverged(path: str) -> bool:
-    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; False if none."""
-    if not os.path.exists(path):
-        return False
-    save_checkpoint(path, **(load_checkpoint(path) | dict(status="diverged")))
-    return True
-
-
 def load_checkpoint(path: str, training: bool = False) -> dict:
-    """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot read checkpoint {path!r} ({type(exc).__name__}); is it a ppo_atari file?") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
-        raise ValueError(f"{path!r} is not a ppo_atari checkpoint (no model/args); use one this script wrote")
-    written_by = ckpt.get("script", "ppo_atari")  # files from before the key: the env id below tells
-    if written_by != "ppo_atari":
-        raise ValueError(
-            f"{path!r} was written by {written_by}.py, not ppo_atari.py; use a checkpoint ppo_atari.py wrote"
-        )
-    if not str(ckpt["args"].get("env_id")).startswith("ALE/"):  # another script's file, written before the key
-        raise ValueError(f"{path!r} is another script's checkpoint (no ALE/<Game>-v5 env id); use one ppo_atari wrote")
-    if training and not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
-        raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
-    return ckpt
+    """A checkpoint.pt or .model file this script wrote (run_utils.load_checkpoint; older files of another script
+    have no ALE/<Game>-v5 env id)."""
+    return run_utils.load_checkpoint(
+        path, "ppo_atari", lambda args: str(args.get("env_id")).startswith("ALE/"), training
+    )
 
 
 @torch.no_grad()
@@ -459,85 +482,29 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
 if __name__ == "__main__":
     # ---------------- arguments and their checks
     args = tyro.cli(Args)
-    given = dict(vars(args))  # as typed, before the checks below fill in the minibatch fields
+    given = dict(vars(args))  # as typed, before the checks fill in the minibatch fields
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     distributed = world_size > 1
     is_main = rank == 0
-    try:
+    with run_utils.one_line_errors():
         ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
         if ckpt:
-            vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_FLAGS and hasattr(args, k)})
+            run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
             if len(ckpt["rng"]) != world_size:
                 raise ValueError(f"the checkpoint is from {len(ckpt['rng'])} processes; resume with as many")
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
         args.env_id = eval_ckpt["args"]["env_id"] if eval_ckpt else args.env_id
-        hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
-        sizes = [args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes, args.max_episode_frames]
-        checks = {  # the one-line error for each condition that must hold
-            f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"': (
-                args.env_id in gym.envs.registry and args.env_id[:4] == "ALE/" and args.env_id[-3:] == "-v5"
-            ),
-            f"--gae-lambda must be in [0, 1], got {args.gae_lambda}": 0.0 <= args.gae_lambda <= 1.0,
-            f"--gamma must be in [0, 1], got {args.gamma}": 0.0 <= args.gamma <= 1.0,
-            f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
-            f"--clip-coef must be positive, got {args.clip_coef}": args.clip_coef > 0,
-            f"--ent-coef and --vf-coef must be at least 0, got {args.ent_coef} and {args.vf_coef}": (
-                min(args.ent_coef, args.vf_coef) >= 0
-            ),
-            f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
-            f"--target-kl must be positive (or left unset), got {args.target_kl}": (
-                args.target_kl is None or args.target_kl > 0
-            ),
-            f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {args.checkpoint_every}": (
-                args.checkpoint_every >= 0
-            ),
-            f"--env-threads must be at least 0 (0: the run's CPU threads), got {args.env_threads}": (
-                args.env_threads >= 0
-            ),
-            "--num-envs, --num-steps, --update-epochs, --eval-episodes, --max-episode-frames: >= 1": min(sizes) >= 1,
-            f"--async-envs {args.async_envs}: 0 (off), or a batch from 1 to --num-envs - 1 ({args.num_envs - 1})": (
-                args.async_envs == 0 or 1 <= args.async_envs < args.num_envs
-            ),
-        }
-        failed = [message for message, ok in checks.items() if not ok]
-        if failed:
-            raise ValueError(failed[0])
+        validate(args, world_size)
         batch_size = args.num_envs * args.num_steps  # per process
-        if args.num_minibatches is not None:
-            if args.num_minibatches < 1 or batch_size % args.num_minibatches:
-                valid = ", ".join(map(str, gpu_utils.divisors(batch_size)[:12]))
-                problem = f"--num-minibatches {args.num_minibatches} does not divide the batch {batch_size}"
-                raise ValueError(f"{problem}; valid: {valid}")
-            args.minibatch_size = batch_size // args.num_minibatches
-        try:
-            args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size)
-        except gpu_utils.BatchSizeError as exc:
-            raise ValueError(f"--minibatch-size: {exc} (num_envs * num_steps)") from None
-        args.num_minibatches = batch_size // args.minibatch_size
-        micro_batch = gpu_utils.parse_micro_batch(args.micro_batch, args.minibatch_size)
-        if args.total_timesteps < batch_size * world_size:
-            raise ValueError(f"--total-timesteps must be at least one batch ({batch_size * world_size} agent steps)")
-        device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
-        if args.cudagraphs and device.type != "cuda":
-            raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
+        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, args.minibatch_size))
+        device, device_why = run_utils.select_device(args)
         threads = gpu_utils.thread_budget(args.num_threads)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    # a finished run with nothing left to train: say so and write nothing (no log file, no checkpoint rewrite)
-    finished = ckpt is not None and ckpt.get("status") == "finished"
-    if finished and ckpt["iteration"] >= args.total_timesteps // (batch_size * world_size):
-        if is_main:
-            print(
-                f"nothing to do: {args.resume} is a finished run (step {ckpt['global_step']}); evaluate it with "
-                f"--eval-checkpoint {args.resume}, or start a new run to train longer"
-            )
-        sys.exit(0)
+    args.batch_size = batch_size * world_size
+    args.num_iterations = args.total_timesteps // args.batch_size
+    run_utils.exit_if_done(ckpt, args.num_iterations, args.resume, is_main)
 
     # ---------------- device, threads, seeds
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
     cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
@@ -545,18 +512,12 @@ if __name__ == "__main__":
     if distributed:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    args.batch_size = batch_size * world_size
-    args.num_iterations = args.total_timesteps // args.batch_size
-    env_tag = args.env_id.replace("/", "_")
-    run_name = ckpt["run_name"] if ckpt else f"{env_tag}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    # the model starts from the base seed on every process (identical copies); everything after differs by rank
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed)
+    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
+    run_utils.seed(args.seed, offset=rank)  # the same model in every process; the rest differs by rank
     if eval_ckpt:
         envs = make_envs(args, args.eval_episodes, threads.threads)
         agent = Agent(envs.single_action_space.n, args.amp).to(device)
-        load_weights(agent, None, eval_ckpt, args.eval_checkpoint)
+        run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
         scores = evaluate(envs, lambda x: Categorical(logits=agent(x)[0]).sample(), device, args.seed)
         print(f"eval {args.env_id}: mean return {scores.mean():.2f} +- {scores.std():.2f} over {len(scores)} episodes")
         sys.exit(0)
@@ -566,47 +527,22 @@ if __name__ == "__main__":
         slice(g * args.num_envs // num_groups, (g + 1) * args.num_envs // num_groups) for g in range(num_groups)
     ]
     if is_main:
-        print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}, {world_size} process(es)")
-        amp_note = gpu_utils.bf16_note(device) if args.amp else ""
-        if amp_note:
-            print(amp_note)
-        share = f"{cpu_share.threads} ({cpu_share.why})"
-        print(f"threads: {share}: {torch.get_num_threads()} torch, {env_threads} stepping the envs")
+        processes = f"; {world_size} processes" if distributed else ""
+        share = (
+            f"{cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, {env_threads} stepping the envs"
+        )
+        run_utils.print_device(device, device_why + processes, tf32, args.amp, share)
         halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
         if args.async_envs:
             halves = f"one group; the policy acts on the first {args.async_envs} to finish (--overlap-envs: no effect)"
         print(f"envs: {args.num_envs}, stepped in {halves}")
-        print("config:")
-        for key, value in vars(args).items():
-            if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
-                typed = "command line" if given[key] != getattr(Args, key) else "default"
-                source = "checkpoint" if ckpt else typed if value == given[key] else "derived"
-                print(f"  {key:<26} {value!s:<18} ({source})")
+        run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, {}, "config:")
 
     # ---------------- logging
-    if is_main:
-        try:  # one writer per run folder: a second --resume of a live run stops here
-            run_lock = run_utils.lock_run_dir(f"runs/{run_name}")
-        except run_utils.RunInUse as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        if args.track:
-            import wandb
-
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=vars(args),
-                name=run_name,
-                save_code=True,
-                monitor_gym=True,
-                resume="allow",
-                id=ckpt.get("wandb_id") if ckpt else None,
-            )
-        writer = SummaryWriter(f"runs/{run_name}")
-        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    start_step = ckpt["global_step"] if ckpt else 0
+    total_steps = args.num_iterations * args.batch_size
+    with run_utils.one_line_errors():  # another process may be training in this run folder
+        run = run_utils.Run(args, "ppo_atari", run_name, ckpt, device, cpu_share, total_steps, start_step, is_main, 10)
 
     # ---------------- env and network
     group_threads = max(1, env_threads // num_groups)
@@ -614,21 +550,15 @@ if __name__ == "__main__":
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     agent = Agent(env_groups[0].single_action_space.n, args.amp).to(device, memory_format=memory_format)
     params = list(agent.parameters())
-    # a device tensor learning rate, annealed in place, so a captured update needs no re-capture; float64 on the CPU,
-    # where the fused Adam then computes exactly as with a Python float, float32 for CUDA's fused kernel
-    lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
-    learning_rate = torch.tensor(args.learning_rate, dtype=lr_dtype, device=device)
-    use_graph = args.cudagraphs and not distributed and micro_batch >= args.minibatch_size
+    learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
+    use_graph = args.cudagraphs and not distributed and micro.rows >= args.minibatch_size
     optimizer = optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
     torch.manual_seed(args.seed + rank)
-    start_iteration = 1
-    global_step = 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = start_step
     if ckpt:
-        load_weights(agent, optimizer, ckpt, args.resume)
-        optimizer.param_groups[0]["lr"] = learning_rate  # older checkpoints hold a float
+        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume)
         gpu_utils.set_rng_state(ckpt["rng"][rank], device)  # each process continues its own noise and shuffles
-        start_iteration = ckpt["iteration"] + 1
-        global_step = ckpt["global_step"]
         if is_main:
             print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{args.num_iterations})")
 
@@ -639,27 +569,23 @@ if __name__ == "__main__":
         action = (logits - (-torch.rand_like(logits).log()).log()).argmax(-1)  # Gumbel-max sample, no host sync
         return action, logp_all.gather(-1, action[:, None]).squeeze(-1), value
 
-    loss_fn = ppo_loss
-    if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
-        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
-        if is_main:
-            print(f"compile: the action step and the loss, mode {mode}")
-        policy_step = torch.compile(policy_step, mode=mode)
-        loss_fn = torch.compile(ppo_loss, mode="default" if use_graph else mode)  # the update's graph holds the loss
+    captured = "loss" if use_graph else ""  # the update's own graph holds the loss's kernels
+    policy_step, loss_fn = gpu_utils.compile_steps(
+        policy_step, ppo_loss, args.compile, args.cudagraphs, captured, is_main
+    )
+
+    def act(x):  # the action step on device observations
+        if args.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return policy_step(x)
+
+    def bootstrap(final_obs, truncated, terminated):  # gamma * V(last obs) of the games the frame cap cut short
+        return args.gamma * final_values(agent, final_obs, truncated, terminated, device)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
 
-    def act(batch_obs):  # --async-envs: the action step on the observations of the envs that recv() handed back
-        x = torch.as_tensor(batch_obs).to(device)
-        if args.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        return x, *policy_step(x)
-
-    def cap_bootstrap(final_obs, truncated, terminated):  # --async-envs: gamma * V(last obs) of games the cap cut
-        return args.gamma * final_values(agent, final_obs, truncated, terminated, device)
-
-    # ---------------- storage: rollout on the device, pinned host staging buffers
+    # ---------------- storage: the rollout on the device; rewards and dones on the host, moved once per iteration
     obs_shape = env_groups[0].single_observation_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
     if args.channels_last:  # stored NHWC, so minibatches reach the convolutions without a layout copy
@@ -669,136 +595,61 @@ if __name__ == "__main__":
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
     advantages = torch.zeros((args.num_steps, args.num_envs), device=device)
     returns = torch.zeros((args.num_steps, args.num_envs), device=device)
+    next_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, device=device)
     # flat views of the storage: the update gathers its minibatches from the same addresses every iteration
     b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
         x.reshape((batch_size,) + x.shape[2:]) for x in (obs, actions, logprobs, advantages, returns, values)
     )
     pin = device.type == "cuda"
-    # host side: observations staged in pinned memory (one copy to the device per group and step); rewards and dones
-    # (dones[t] = 1 when obs[t] starts a new episode, dones[num_steps] the next rollout's first) go over once per
-    # iteration; finished games (score over all lives, length) are read from the game-over table when logging
-    host_obs = torch.empty((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
+    # dones[t] = 1 when obs[t] starts a new episode; dones[num_steps]: the next rollout's first
     host_rewards = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, pin_memory=pin)
     host_dones = torch.zeros((args.num_steps + 1, args.num_envs), dtype=torch.float32, pin_memory=pin)
-    game_over = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    game_scores = np.zeros((args.num_steps, args.num_envs))
-    game_lengths = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
     if is_main:
         rollout_bytes = sum(t.numel() * t.element_size() for t in (obs, actions, logprobs, values)) * 3 // 2
         mb_bytes = args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4)
         est = gpu_utils.estimate_memory(agent, "adam", mb_bytes, rollout_bytes, None, obs[0, :2], args.minibatch_size)
-        print(f"{sum(p.numel() for p in params):,} parameters\n{est}")
-        writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
-        writer.add_text("device", gpu_utils.device_label(device), global_step)  # a resumed run may change machine
+        print(f"{sum(p.numel() for p in params):,} parameters")
+        run.note_estimate(est, global_step)
 
-    def minibatch_step(mb):
+    def update_step(mb):
         """One minibatch step on the rows `mb` of the rollout: loss, backward, clipping, Adam. No host sync, so that
         under --cudagraphs it runs as one captured CUDA graph; elsewhere it runs eagerly."""
-        global micro_batch  # the out-of-memory back-off may halve it (only in eager calls)
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
         data = (b_obs[mb], b_actions[mb], b_logprobs[mb], mb_advantages, b_returns[mb], b_values[mb])
-        mb_stats, micro_batch = gpu_utils.accumulate_gradients(mb_loss, data, micro_batch, params)
+        stats = gpu_utils.accumulate_gradients(mb_loss, data, micro, params)
         if distributed:  # average gradients over processes, one flat all_reduce per minibatch
-            grads = [p.grad for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat / world_size, grads))
+            gpu_utils.all_reduce_gradients(params, world_size)
         nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         optimizer.step()
-        return mb_stats
+        return stats
 
-    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph, name="update")
-    if is_main and args.cudagraphs:  # where a graph cannot hold the step, today's eager update runs
-        if distributed:
-            print("update: eager (torchrun: the gradients' all_reduce runs between backward and Adam)")
-        elif not use_graph:
-            print(f"update: eager (--micro-batch {micro_batch} splits the minibatch's {args.minibatch_size} rows)")
-        else:
-            print("update: one CUDA graph per minibatch step (forward, backward, clipping, Adam)")
-
-    stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
-
-    def checkpoint(iteration, status):
-        rng = [gpu_utils.rng_state(device)] * world_size
-        if distributed:  # every process's RNG state goes into rank 0's file, so each continues its own on --resume
-            dist.all_gather_object(rng, rng[0])
-        if is_main:
-            state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), args=vars(args), rng=rng)
-            state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
-            wandb_id = wandb.run.id if args.track else None
-            save_checkpoint(f"runs/{run_name}/checkpoint.pt", script="ppo_atari", wandb_id=wandb_id, **state)
+    blockers = {"torchrun: the gradients' all_reduce runs between backward and Adam": distributed}
+    blockers[f"--micro-batch {micro.rows} splits the minibatch's {args.minibatch_size} rows"] = not use_graph
+    holds = "one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
+    update_step = gpu_utils.CudaGraph.requested(
+        update_step, args.cudagraphs, blockers, "update", holds, is_main, micro=micro
+    )
 
     # ---------------- training loop
     env_seed = args.seed * 10_000 + rank * args.num_envs + (start_iteration - 1) * 7919  # new games after resume
-    host_obs_np = host_obs.numpy()
-    host_rewards_np = host_rewards.numpy()
-    host_dones_np = host_dones.numpy()
-    trackers = []
-    for rows, envs in zip(env_rows, env_groups if not args.async_envs else []):  # env i gets seed env_seed + i
-        host_obs_np[rows], info = envs.reset(seed=env_seed + rows.start)
-        trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
-    next_obs = host_obs.to(device, non_blocking=True, copy=True)
-    rollout = None
+    storage = (obs, actions, logprobs, values, next_obs, host_rewards.numpy(), host_dones.numpy())
     if args.async_envs:  # one vector env that hands back the first envs to finish; it resets them itself
-        storage = (obs, actions, logprobs, values, next_obs, host_rewards_np, host_dones_np)
         rollout = AsyncRollout(env_groups[0], env_seed, storage)
-    recorder = VideoRecorder(f"videos/{run_name}", fps=15) if args.capture_video and is_main else None
-    in_flight = collections.deque()  # (step, group) of the actions the envs are playing
-    recent_returns = []
-    iteration_times = []
-    stopping = False
+    else:
+        rollout = Rollout(env_groups, env_rows, env_seed, storage, pin)
+    recorder = run_utils.VideoRecorder(f"videos/{run_name}", fps=15) if args.capture_video and is_main else None
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
-    iteration = start_iteration - 1
-    train_start = time.time()
-    pbar = tqdm(total=args.num_iterations * args.batch_size, initial=global_step, disable=not args.progress_bar or rank)
-    monitor = gpu_utils.GPUMonitor(device).start()
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()
         lr_now = args.learning_rate
         if args.anneal_lr:
             lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
         learning_rate.fill_(lr_now)
-        host_dones[0] = host_dones[args.num_steps]  # carry next_done into step 0
-        if rollout is not None:  # --async-envs: each env fills its own column, in the order the envs finish
-            for video in rollout.collect(act, cap_bootstrap, recorder):  # the videos of env 0 it wrote
-                if args.track:
-                    wandb.log({"videos": wandb.Video(video)}, commit=False)
-        else:
-            for step in range(args.num_steps):
-                for group, rows in enumerate(env_rows):
-                    obs[step, rows] = next_obs[rows]
-                    if args.cudagraphs:
-                        torch.compiler.cudagraph_mark_step_begin()
-                    actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
-                    # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
-                    env_groups[group].send(actions[step, rows].cpu().numpy())
-                    in_flight.append((step, group))
-                    last = step == args.num_steps - 1 and group == num_groups - 1
-                    while in_flight and (len(in_flight) == num_groups or last):  # the other group's envs keep playing
-                        t, g = in_flight.popleft()
-                        r = env_rows[g]
-                        host_obs_np[r], reward, terminated, truncated, info = env_groups[g].recv()
-                        next_obs[r].copy_(host_obs[r], non_blocking=True)
-                        outcome = trackers[g].step(reward, terminated, truncated, info["lives"])
-                        (
-                            host_rewards_np[t, r],
-                            host_dones_np[t + 1, r],
-                            game_over[t, r],
-                            game_scores[t, r],
-                            game_lengths[t, r],
-                        ) = outcome
-                        if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
-                            bootstrap = final_values(agent, info["final_obs"], truncated, terminated, device)
-                            host_rewards_np[t, r] += args.gamma * bootstrap
-                        if recorder is not None and g == 0:
-                            video = recorder.add(agent_view(host_obs_np[0]), bool(game_over[t, 0]))
-                            if video and args.track:
-                                wandb.log({"videos": wandb.Video(video)}, commit=False)
+        for video in rollout.collect(act, bootstrap, recorder):  # the videos of env 0 it wrote
+            run.log_video(video)
         global_step += args.batch_size
 
         # ---------------- advantages
@@ -811,106 +662,60 @@ if __name__ == "__main__":
         returns.copy_(gae[1])
 
         # ---------------- update
-        first_stats = None  # of the first minibatch, before any step: its ratio must be 1 up to rounding
+        first_ratio_mse = None  # of the first minibatch, before any step
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device)
-            stats = torch.zeros(len(LOSS_NAMES) - 1, device=device)
+            stats = None  # the sums over the epoch's minibatches, then their means
             for start in range(0, batch_size, args.minibatch_size):
-                rows_before = micro_batch
                 mb_stats = update_step(b_inds[start : start + args.minibatch_size])
-                if micro_batch != rows_before and is_main:
-                    print(
-                        f"micro-batch: CUDA out of memory at {rows_before} rows, "
-                        f"now {micro_batch} rows per backward pass"
-                    )
-                    writer.add_scalar("memory/micro_batch", micro_batch, global_step)
-                first_stats = mb_stats.clone() if first_stats is None else first_stats
-                stats += mb_stats
-            stats /= args.num_minibatches
+                run.report_micro_batch(micro, global_step)
+                if first_ratio_mse is None:  # cloned: a captured graph overwrites its outputs
+                    first_ratio_mse = mb_stats["ratio_mse"].clone()
+                stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
+                torch._foreach_add_(list(stats.values()), list(mb_stats.values()))
+            stats = {name: total / args.num_minibatches for name, total in stats.items()}
             if args.target_kl is not None:  # one sync per epoch, only when --target-kl is set
-                kl = stats[LOSS_NAMES.index("approx_kl")].clone()
+                kl = stats["approx_kl"].clone()
                 if distributed:
                     dist.all_reduce(kl)
                 if kl.item() / world_size > args.target_kl:
                     break
-        if update_step.enabled and micro_batch < args.minibatch_size:  # backed off during the graph's eager warm-up
-            update_step.enabled = False
-            if is_main:
-                print(f"update: eager (CUDA out of memory: --micro-batch {micro_batch})")
 
         # ---------------- logging: one pull of scalars to the host per iteration
-        ratio_error = LOSS_NAMES.index("initial_ratio_error")
-        stats[ratio_error] = first_stats[ratio_error].sqrt()
-        explained_var = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
-        stop_now = torch.tensor([float(bool(stop))], device=device)
+        del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
+        stats["initial_ratio_error"] = first_ratio_mse.sqrt()
+        stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
+        stop_now = torch.tensor([float(bool(run.stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
         # whether the weights are finite rides along, checked before a checkpoint could save them; it is the same in
         # every process (the gradients are all-reduced)
-        pulled = torch.cat([stats, explained_var[None], stop_now, weights_finite(params)[None]])
-        *losses, stopping, finite = pulled.tolist()
+        pulled = torch.stack([*stats.values(), stop_now[0], run_utils.weights_finite(params)]).tolist()
+        *losses, stopping, finite = pulled
         diverged = not finite
-        iteration_times.append(time.perf_counter() - iteration_start)
-        if cpu_share.update() and is_main:  # another run started or ended: this run's share of the CPUs changed
-            print(f"threads: {cpu_share.threads} ({cpu_share.why})")
-        if is_main:
-            games = zip(game_scores[game_over], game_lengths[game_over]) if rollout is None else rollout.games
-            for score, length in games:
-                writer.add_scalar("charts/episodic_return", score, global_step)
-                writer.add_scalar("charts/episodic_length", length, global_step)
-                recent_returns = (recent_returns + [score])[-20:]
-            scalars = {"charts/learning_rate": lr_now, "threads/torch": cpu_share.threads, **monitor.collect()}
-            if rollout is not None:  # the share of the steps played that the update did not get (AsyncRollout)
-                scalars["charts/discarded_steps"] = rollout.discarded
-            scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
-            sps = args.batch_size / iteration_times[-1]
-            if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
-                scalars["charts/SPS"] = sps
-            for key, value in scalars.items():
-                writer.add_scalar(key, value, global_step)
-            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-            pbar.set_postfix(SPS=f"{sps:,.0f}", ret=recent)
-            pbar.update(args.batch_size)
-            if not args.progress_bar and (iteration % 10 == 0 or iteration == args.num_iterations):
-                print(
-                    f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, return {recent}"
-                )
+        for score, length in rollout.games:
+            run.log_episode(score, length, global_step)
+        scalars = {"charts/learning_rate": lr_now} | {f"losses/{name}": value for name, value in zip(stats, losses)}
+        if args.async_envs:  # the share of the steps played that the update did not get
+            scalars["charts/discarded_steps"] = rollout.discarded
+        seconds = time.perf_counter() - iteration_start
+        run.log_window(iteration, args.num_iterations, global_step, args.batch_size, seconds, scalars)
         if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
             break
-        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping:
-            checkpoint(iteration, "stopped" if stopping else "running")
+        finished = iteration == args.num_iterations
+        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
+            rng = [gpu_utils.rng_state(device)] * world_size
+            if distributed:  # every process's RNG state goes into rank 0's file, so each continues its own on --resume
+                dist.all_gather_object(rng, rng[0])
+            state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), rng=rng)
+            run.checkpoint(state | dict(iteration=iteration, global_step=global_step), finished, bool(stopping))
         if stopping:
-            if is_main:
-                why = (stop or ["a signal to another process"])[0]
-                print(
-                    f"stopping on {why}: checkpoint at step {global_step}; "
-                    f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
-                )
             break
 
     # ---------------- end of the run
-    pbar.close()
-    monitor.close()
-    cpu_share.close()
-    if not stopping and not diverged and args.num_iterations >= start_iteration:
-        checkpoint(iteration, "finished")
-    if is_main:
-        if args.save_model and not stopping and not diverged:
-            model_path = f"runs/{run_name}/{args.exp_name}.model"
-            torch.save({"model": agent.state_dict(), "args": vars(args), "script": "ppo_atari"}, model_path)
-            print(f"model saved to {model_path}")
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(device) / 2**20
-            writer.add_scalar("memory/peak_allocated_mib", peak, global_step)
-            print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
-        steady = iteration_times[1:] or iteration_times  # the first iteration is warm-up
-        sps = args.batch_size * len(steady) / max(sum(steady), 1e-9)
-        total = args.num_iterations * args.batch_size
-        elapsed = time.time() - train_start
-        print(f"done: step {global_step}/{total} in {elapsed:.1f}s, {sps:,.0f} SPS, run dir runs/{run_name}")
-        writer.close()
-        if args.track:
-            wandb.finish(exit_code=int(diverged))
+    if not diverged and iteration == args.num_iterations:
+        run.save_model(dict(model=agent.state_dict()))
+    run.close(global_step, diverged)
     for envs in env_groups:
         envs.close()
     if distributed:
@@ -918,15 +723,4 @@ if __name__ == "__main__":
         # gloo worker thread free its tensors during interpreter shutdown, which aborts the process
         dist.barrier()
         dist.destroy_process_group()
-    if diverged and is_main:
-        checkpoint_path = f"runs/{run_name}/checkpoint.pt"
-        kept = "no checkpoint had been written yet"
-        if mark_diverged(checkpoint_path):
-            kept = f"{checkpoint_path} keeps the last finite ones"
-        print(
-            f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
-            "start again with a lower --learning-rate or --max-grad-norm",
-            file=sys.stderr,
-        )
-    if diverged:  # every process ends with status 1
-        sys.exit(1)
+    run.exit(diverged, global_step)

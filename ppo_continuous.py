@@ -1,7 +1,6 @@
 # PPO for continuous control (Gaussian policy, MuJoCo and any Box action env), CleanRL style, with GPU-heavy presets.
 # Usage: python ppo_continuous.py --env-id HalfCheetah-v5        python ppo_continuous.py --preset heavy
 import os
-import random
 import signal
 import sys
 import time
@@ -13,8 +12,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 import gpu_utils
 import run_utils
@@ -125,34 +122,22 @@ PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
 LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
 
 
-def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
-    """Fill unset (None) fields from the preset, then DEFAULTS; a flag passed at all (even at its default) wins.
-    Returns the args and where each of these settings came from."""
+def resolve_args(args: Args) -> dict[str, str]:
+    """Fill the unset (None) fields from the preset, then DEFAULTS, and the minibatch size that follows; a flag passed
+    at all (even at its default) wins. Returns where each of these settings came from, for the config print."""
     preset = PRESETS.get(args.preset, {})
     unset = f"preset {args.preset}" if preset else "default"  # where a setting that was not passed comes from
     keys = ("num_envs", "num_steps", "update_epochs", "network_arch")
     sources = {key: unset if getattr(args, key) is None else "command line" for key in keys}
     vars(args).update({key: preset.get(key, DEFAULTS[key]) for key in keys if getattr(args, key) is None})
-    counts = (args.num_envs, args.num_steps, args.update_epochs, args.eval_episodes)
+    counts = (args.num_envs, args.num_steps, args.update_epochs)
     sized = args.minibatch_size is not None
-    checks = {  # the one-line error for each condition that must hold (the batch sizes below need these)
-        "--num-envs, --num-steps, --update-epochs and --eval-episodes must be at least 1": min(counts) >= 1,
-        f"--gae-lambda must be in [0, 1], got {args.gae_lambda}": 0.0 <= args.gae_lambda <= 1.0,
-        f"--gamma must be in [0, 1], got {args.gamma}": 0.0 <= args.gamma <= 1.0,
-        f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
-        f"--clip-coef must be positive, got {args.clip_coef}": args.clip_coef > 0,
-        f"--ent-coef and --vf-coef must be at least 0, got {args.ent_coef} and {args.vf_coef}": (
-            min(args.ent_coef, args.vf_coef) >= 0
-        ),
-        f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
-        f"--target-kl must be positive (or left unset), got {args.target_kl}": (
-            args.target_kl is None or args.target_kl > 0
-        ),
-        "pass either --minibatch-size or --num-minibatches, not both": args.num_minibatches is None or not sized,
-    }
-    failed = [message for message, ok in checks.items() if not ok]
-    if failed:
-        raise ValueError(failed[0])
+    run_utils.check(
+        {
+            "--num-envs, --num-steps and --update-epochs must be at least 1": min(counts) >= 1,
+            "pass either --minibatch-size or --num-minibatches, not both": args.num_minibatches is None or not sized,
+        }
+    )
     total = args.num_envs * args.num_steps
     if args.num_minibatches is not None or (args.minibatch_size is None and not preset):
         nmb = DEFAULTS["num_minibatches"] if args.num_minibatches is None else args.num_minibatches
@@ -171,7 +156,22 @@ def resolve_args(args: Args) -> tuple[Args, dict[str, str]]:
         args.minibatch_size = str(size)
     args.num_minibatches = total // int(args.minibatch_size)
     sources["num_minibatches"] = sources["minibatch_size"]  # one follows from the other
-    return args, sources
+    return sources
+
+
+def validate(args: Args, evaluating: bool) -> None:
+    """Raise ValueError with the one-line message of the first setting that cannot work."""
+    hidden_sizes(args.network_arch)
+    if args.env_id not in gym.envs.registry:
+        raise ValueError(f"unknown env id {args.env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1")
+    with gym.make(args.env_id) as probe:
+        act_space = probe.action_space
+    if not isinstance(act_space, gym.spaces.Box):
+        kind = type(act_space).__name__
+        raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")
+    batch_size = args.num_envs * args.num_steps
+    enough = f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} = envs x steps)"
+    run_utils.check(run_utils.shared_checks(args) | {enough: evaluating or args.total_timesteps >= batch_size})
 
 
 def hidden_sizes(arch: str) -> list[int]:
@@ -287,14 +287,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
-# ppo_loss's stats in order, then the two the loop adds: the first minibatch's RMS(ratio - 1), explained variance
-LOSS_NAMES = ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"]
-LOSS_NAMES += ["initial_ratio_error", "explained_variance"]
-
-
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
-    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, stats): value
-    loss, policy loss, entropy, old and new approximate KL, clip fraction, mean (ratio - 1)^2."""
+    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, statistics by
+    name), each a mean over the rows."""
     logstd = agent.actor_logstd
     z = (actions - agent.mean(obs)) * torch.exp(-logstd)
     newlogprob = (-0.5 * z.pow(2) - logstd).sum(1) - LOG_2PI_HALF * actions.shape[1]
@@ -309,9 +304,15 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
     else:
         v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
     with torch.no_grad():
-        kl = [(-logratio).mean(), ((ratio - 1) - logratio).mean()]
-        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-        stats = torch.stack([v_loss, pg_loss, entropy, *kl, clipfrac, ((ratio - 1) ** 2).mean()])
+        stats = {
+            "value_loss": v_loss.detach(),
+            "policy_loss": pg_loss.detach(),
+            "entropy": entropy.detach(),
+            "old_approx_kl": (-logratio).mean(),
+            "approx_kl": ((ratio - 1) - logratio).mean(),
+            "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
+            "ratio_mse": ((ratio - 1) ** 2).mean(),  # the first minibatch's must be 0: the rollout and the loss agree
+        }
     return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
 
 
@@ -322,61 +323,12 @@ def clip_grad_norm(grads, max_norm):
 
 
 # ---------------------------------------------------------------- checkpoint and evaluation
-def load_weights(agent, optimizer, ckpt: dict, path: str) -> None:
-    """Load a checkpoint's model (and optimizer) state, or exit with one line when it does not fit this network."""
-    try:
-        agent.load_state_dict(ckpt["model"])
-        if optimizer is not None:
-            optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0][:120]
-        print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
-        sys.exit(2)
-
-
-def save_checkpoint(path: str, **state) -> None:
-    """Write atomically: an interrupted save keeps the previous checkpoint."""
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def weights_finite(params) -> torch.Tensor:
-    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
-    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
-    return torch.stack([p.isfinite().all() for p in params]).all().float()
-
-
-def mark_diverged(path: str) -> bool:
-    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; False if none."""
-    if not os.path.exists(path):
-        return False
-    save_checkpoint(path, **(load_checkpoint(path) | dict(status="diverged")))
-    return True
-
-
 def load_checkpoint(path: str, training: bool = False) -> dict:
-    """A checkpoint.pt or .model file this script wrote; ``training``: it must hold what --resume needs."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        problem = f"cannot read checkpoint {path!r} ({type(exc).__name__})"
-        raise ValueError(f"{problem}; is it a ppo_continuous file?") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
-        raise ValueError(f"{path!r} is not a ppo_continuous checkpoint (no model/args); use one this script wrote")
-    written_by = ckpt.get("script", "ppo_continuous")  # files from before the key: the --network-arch check tells
-    if written_by != "ppo_continuous":
-        raise ValueError(
-            f"{path!r} was written by {written_by}.py, not ppo_continuous.py; use a checkpoint ppo_continuous.py wrote"
-        )
-    if "network_arch" not in ckpt["args"]:  # another script's file
-        raise ValueError(f"{path!r} is another script's checkpoint (no --network-arch); use one ppo_continuous wrote")
-    if training and not {"optimizer", "iteration", "global_step", "rng", "run_name"} <= set(ckpt):
-        raise ValueError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
-    if "obs_norm.mean" in ckpt["model"]:  # written when the model held the observation statistics as buffers
+    """A checkpoint.pt or .model file this script wrote (run_utils.load_checkpoint; older files of another script
+    have no --network-arch), with its observation statistics where the oldest files kept them in the model."""
+    ckpt = run_utils.load_checkpoint(path, "ppo_continuous", lambda args: "network_arch" in args, training)
+    if "obs_norm.mean" in ckpt["model"]:
         ckpt["obs_rms"] = [ckpt["model"].pop(f"obs_norm.{name}") for name in ("mean", "var", "count")]
-    ckpt["args"] = {k: v for k, v in ckpt["args"].items() if k in Args.__dataclass_fields__}
     return ckpt
 
 
@@ -399,75 +351,41 @@ def evaluate(envs, agent, obs_rms, seed: int) -> np.ndarray:
 if __name__ == "__main__":
     # ---------------- arguments and their checks
     args = tyro.cli(Args)
-    try:
+    given = dict(vars(args))  # as typed, before the preset and the checkpoint fill in the rest
+    with run_utils.one_line_errors():
         ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
         if eval_ckpt:  # the network to load; the seed and the number of episodes come from the command line
             args.env_id = eval_ckpt["args"]["env_id"]
             args.network_arch = eval_ckpt["args"]["network_arch"]
         if ckpt:  # the run's settings; how and where it runs comes from the command line
-            vars(args).update({k: v for k, v in ckpt["args"].items() if k not in RUNTIME_FLAGS})
-            sources = dict.fromkeys(ckpt["args"], "checkpoint")
-        else:
-            args, sources = resolve_args(args)
+            run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
+        sources = {} if ckpt else resolve_args(args)
+        validate(args, evaluating=eval_ckpt is not None)
         hidden = hidden_sizes(args.network_arch)
-        if args.env_id not in gym.envs.registry:
-            raise ValueError(f"unknown env id {args.env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1")
-        with gym.make(args.env_id) as probe:
-            act_space = probe.action_space
-        if not isinstance(act_space, gym.spaces.Box):
-            kind = type(act_space).__name__
-            raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")
         batch_size = args.num_envs * args.num_steps
         minibatch_size = int(args.minibatch_size)
-        micro_batch = gpu_utils.parse_micro_batch(args.micro_batch, minibatch_size)
+        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, minibatch_size))
         num_iterations = args.total_timesteps // batch_size
-        if num_iterations < 1 and not eval_ckpt:
-            raise ValueError(
-                f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} = envs x steps)"
-            )
         # a small MLP runs faster on the CPU: one host<->device round trip per env step costs more than the GPU saves
         small = max(hidden) < 256 and args.preset is None
-        if args.gpu == "auto" and small:
-            why = f"network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
-            device, device_why = torch.device("cpu"), f"--gpu auto: {why}"
-        else:
-            device, device_why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
-        if args.cudagraphs and device.type != "cuda":
-            raise ValueError("--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine")
-        if args.checkpoint_every < 0:  # a runtime flag: checked on --resume too
-            every = args.checkpoint_every
-            raise ValueError(f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {every}")
+        why = f"network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
+        device, device_why = run_utils.select_device(args, prefer_cpu=why if small else "")
         threads = gpu_utils.thread_budget(args.num_threads)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    # a finished run with nothing left to train: say so and write nothing (no log file, no checkpoint rewrite)
-    finished = ckpt is not None and ckpt.get("status") == "finished"
-    if finished and ckpt["iteration"] >= num_iterations:
-        print(
-            f"nothing to do: {args.resume} is a finished run (step {ckpt['global_step']}); evaluate it with "
-            f"--eval-checkpoint {args.resume}, or start a new run to train longer"
-        )
-        sys.exit(0)
+    run_utils.exit_if_done(ckpt, num_iterations, args.resume)
 
     # ---------------- device, threads, seeds
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: one thread each
     torch_threads = 1 if small and device.type == "cpu" and not args.num_threads else threads.threads
     gpu_utils.limit_threads(1 if args.subproc else torch_threads)
     torch.set_num_threads(torch_threads)
-    env_tag = args.env_id.replace("/", "_")
-    run_name = ckpt["run_name"] if ckpt else f"{env_tag}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
+    run_utils.seed(args.seed)
     if eval_ckpt:
         envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, False, "", False) for i in range(args.eval_episodes)])
         agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden, args.amp)
-        load_weights(agent, None, eval_ckpt, args.eval_checkpoint)
+        run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
         returns = evaluate(envs, agent, RunningMeanStd(state=eval_ckpt["obs_rms"]), args.seed)
         print(
             f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"
@@ -475,43 +393,18 @@ if __name__ == "__main__":
         sys.exit(0)
     # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
     cpu_share = gpu_utils.CpuShare(threads, max_torch_threads=torch_threads)
-    print(f"device: {device} ({device_why}){', TF32 on' if tf32 else ''}")
-    amp_note = gpu_utils.bf16_note(device) if args.amp else ""
-    if amp_note:
-        print(amp_note)
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
-    share = f"{cpu_share.threads} ({cpu_share.why})"
-    print(f"threads: {share}: {torch.get_num_threads()} torch, {env_threads}")
-    print(f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)")
-    for key, value in vars(args).items():
-        if key not in RUNTIME_FLAGS and key in Args.__dataclass_fields__:
-            source = sources.get(key, "default" if value == getattr(Args, key) else "command line")
-            print(f"  {key:<26} {value!s:<18} ({source})")
+    share = f"{cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, {env_threads}"
+    run_utils.print_device(device, device_why, tf32, args.amp, share)
+    header = f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)"
+    run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, sources, header)
 
     # ---------------- logging
-    try:  # one writer per run folder: a second --resume of a live run stops here
-        run_lock = run_utils.lock_run_dir(f"runs/{run_name}")
-    except run_utils.RunInUse as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if args.track:
-        import wandb
-
-        wandb_id = ckpt.get("wandb_id") if ckpt else None
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            monitor_gym=True,
-            save_code=True,
-            resume="allow",
-            id=wandb_id,
+    start_step = ckpt["global_step"] if ckpt else 0
+    with run_utils.one_line_errors():  # another process may be training in this run folder
+        run = run_utils.Run(
+            args, "ppo_continuous", run_name, ckpt, device, cpu_share, num_iterations * batch_size, start_step
         )
-    writer = SummaryWriter(f"runs/{run_name}")
-    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     # ---------------- env and network: statistics, action clipping and reward scaling are done here, vectorised
     if args.capture_video and not os.environ.get("DISPLAY"):
@@ -527,20 +420,15 @@ if __name__ == "__main__":
     act_low, act_high = envs.single_action_space.low, envs.single_action_space.high
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
-    # a device tensor learning rate, annealed in place, so a captured update needs no re-capture; float64 on the CPU,
-    # where the fused Adam then computes exactly as with a Python float, float32 for CUDA's fused kernel
-    lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
-    learning_rate = torch.tensor(args.learning_rate, dtype=lr_dtype, device=device)
-    use_graph = args.cudagraphs and micro_batch >= minibatch_size
+    learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
+    use_graph = args.cudagraphs and micro.rows >= minibatch_size  # a graph cannot hold a split minibatch
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
     obs_rms = RunningMeanStd(obs_dim, ckpt["obs_rms"] if ckpt else None)  # on the host: cheap per step
     ret_rms = RunningMeanStd((), ckpt["ret_rms"] if ckpt else None)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
-    global_step = ckpt["global_step"] if ckpt else 0
+    global_step = start_step
     if ckpt:
-        load_weights(agent, optimizer, ckpt, args.resume)
-        # checkpoints hold a float learning rate and the capturable flag of the run that wrote them: this run's instead
-        optimizer.param_groups[0].update(lr=learning_rate, capturable=use_graph)
+        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume)
         gpu_utils.set_rng_state(ckpt["rng"][0], device)
         print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{num_iterations})")
 
@@ -548,13 +436,8 @@ if __name__ == "__main__":
     def policy_step(norm_obs, scaled_noise):  # the rollout's actions: the policy's means plus Gaussian noise
         return agent.mean(norm_obs) + scaled_noise
 
-    loss_fn = ppo_loss
-    if args.compile or args.cudagraphs:  # compiled at the edge: the action step and the loss
-        mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: CUDA graphs
-        loss_mode = "default" if use_graph else mode  # the update's own graph captures the loss's kernels
-        print(f"compile: the action step and the loss, mode {mode}" + (", the loss default" if use_graph else ""))
-        policy_step = torch.compile(policy_step, mode=mode)
-        loss_fn = torch.compile(ppo_loss, mode=loss_mode)
+    captured = "loss" if use_graph else ""  # the update's own graph holds the loss's kernels
+    policy_step, loss_fn = gpu_utils.compile_steps(policy_step, ppo_loss, args.compile, args.cudagraphs, captured)
 
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
@@ -577,44 +460,27 @@ if __name__ == "__main__":
     nb = (obs_dim + act_dim + 5) * 4  # bytes per transition
     example = torch.zeros(1, obs_dim, device=device)
     est = gpu_utils.estimate_memory(agent, "adam", minibatch_size * nb, batch_size * nb, None, example, minibatch_size)
-    print(est)
-    writer.add_scalar("memory/estimated_mib", est.total / 2**20, global_step)
-    writer.add_text("device", gpu_utils.device_label(device), global_step)  # a resumed run may change machine
+    run.note_estimate(est, global_step)
 
-    def minibatch_step(mb_inds):
+    def update_step(mb_inds):
         """One minibatch step on the rows `mb_inds` of the rollout: loss, backward, clipping, Adam. No host sync, so
         that under --cudagraphs it runs as one captured CUDA graph; elsewhere it runs eagerly."""
-        global micro_batch  # the out-of-memory back-off may halve it (only in eager calls)
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
         data = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages)
         data += (b_returns[mb_inds], b_values[mb_inds])
-        mb_stats, micro_batch = gpu_utils.accumulate_gradients(mb_loss, data, micro_batch, params)
+        stats = gpu_utils.accumulate_gradients(mb_loss, data, micro, params)
         clip_grad_norm([p.grad for p in params], args.max_grad_norm)
         optimizer.step()
-        return mb_stats
+        return stats
 
-    update_step = gpu_utils.CudaGraph(minibatch_step, enabled=use_graph, name="update")
-    if args.cudagraphs and not use_graph:  # today's eager update: the graph cannot hold the micro-batches' back-off
-        print(f"update: eager (--micro-batch {micro_batch} splits the minibatch's {minibatch_size} rows)")
-    elif args.cudagraphs:
-        print("update: one CUDA graph per minibatch step (forward, backward, clipping, Adam)")
-
-    stop = []  # name of a signal that asked to stop; the current iteration finishes and a checkpoint is written
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.append(signal.Signals(signum).name))
-
-    def checkpoint(iteration, status):
-        rng = [gpu_utils.rng_state(device)]
-        optimizer_state = optimizer.state_dict()
-        optimizer_state["param_groups"][0]["lr"] = float(learning_rate)  # a float, as checkpoints always held
-        state = dict(model=agent.state_dict(), optimizer=optimizer_state, args=vars(args), rng=rng)
-        state |= dict(iteration=iteration, global_step=global_step, run_name=run_name, status=status)
-        state |= dict(obs_rms=obs_rms.state(), ret_rms=ret_rms.state())
-        wandb_id = wandb.run.id if args.track else None
-        save_checkpoint(f"runs/{run_name}/checkpoint.pt", script="ppo_continuous", wandb_id=wandb_id, **state)
+    split = f"--micro-batch {micro.rows} splits the minibatch's {minibatch_size} rows"
+    holds = "one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
+    update_step = gpu_utils.CudaGraph.requested(
+        update_step, args.cudagraphs, {split: micro.rows < minibatch_size}, "update", holds, micro=micro
+    )
 
     # ---------------- training loop
     next_obs_n = obs_rms.normalize(envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)[0], True)
@@ -622,12 +488,7 @@ if __name__ == "__main__":
     ep_return = np.zeros(args.num_envs)
     ep_length = np.zeros(args.num_envs, dtype=np.int64)
     discounted = np.zeros(args.num_envs)  # the discounted return that scales the rewards
-    recent_returns = []
-    iteration_times = []
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
-    train_start = time.time()
-    pbar = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress_bar)
-    monitor = gpu_utils.GPUMonitor(device).start()
     for iteration in range(start_iteration, num_iterations + 1):
         iteration_start = time.perf_counter()
         lr_now = args.learning_rate
@@ -662,9 +523,7 @@ if __name__ == "__main__":
                         v = agent.value(torch.as_tensor(final, dtype=torch.float32, device=device))
                         rewards[step, cut] += args.gamma * v.cpu().numpy()
                     for i in np.nonzero(done)[0]:
-                        writer.add_scalar("charts/episodic_return", ep_return[i], global_step)
-                        writer.add_scalar("charts/episodic_length", ep_length[i], global_step)
-                        recent_returns = (recent_returns + [float(ep_return[i])])[-20:]
+                        run.log_episode(ep_return[i], ep_length[i], global_step)
                     ep_return[done] = 0.0
                     ep_length[done] = 0
                     discounted[done] = 0.0
@@ -679,91 +538,47 @@ if __name__ == "__main__":
             returns.copy_(gae[1])
 
         # ---------------- update: shuffle once per epoch, then contiguous minibatch slices of the permutation
-        first_stats = None  # of the first minibatch, before any step: its ratio must be 1 up to rounding
+        first_ratio_mse = None  # of the first minibatch, before any step
         for _epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
-            stats = torch.zeros(len(LOSS_NAMES) - 1, device=device)
+            stats = None  # the sums over the epoch's minibatches, then their means
             for mb_inds in perm.split(minibatch_size):
-                rows_before = micro_batch
                 mb_stats = update_step(mb_inds)
-                if micro_batch != rows_before:
-                    backoff = f"now {micro_batch} rows per backward pass"
-                    print(f"micro-batch: CUDA out of memory at {rows_before} rows, {backoff}")
-                    writer.add_scalar("memory/micro_batch", micro_batch, global_step)
-                first_stats = mb_stats.clone() if first_stats is None else first_stats  # the graph overwrites it
-                stats += mb_stats
-            stats /= args.num_minibatches
-            approx_kl = stats[LOSS_NAMES.index("approx_kl")]
-            if args.target_kl is not None and approx_kl.item() > args.target_kl:  # one sync per epoch, only then
+                run.report_micro_batch(micro, global_step)
+                if first_ratio_mse is None:  # cloned: a captured graph overwrites its outputs
+                    first_ratio_mse = mb_stats["ratio_mse"].clone()
+                stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
+                torch._foreach_add_(list(stats.values()), list(mb_stats.values()))
+            stats = {name: total / args.num_minibatches for name, total in stats.items()}
+            if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:  # one sync per epoch
                 break
-        if update_step.enabled and micro_batch < minibatch_size:  # backed off during the graph's eager warm-up
-            update_step.enabled = False
-            print(f"update: eager (CUDA out of memory: --micro-batch {micro_batch})")
 
         # ---------------- logging: one pull of scalars to the host per iteration
-        explained_var = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
-        ratio_error = LOSS_NAMES.index("initial_ratio_error")
-        stats[ratio_error] = first_stats[ratio_error].sqrt()  # the first minibatch's, before any step: not the mean
+        del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
+        stats["initial_ratio_error"] = first_ratio_mse.sqrt()
+        stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
         # the weights are checked before a checkpoint could save them
-        *losses, finite = torch.cat([stats, explained_var[None], weights_finite(params)[None]]).tolist()
+        *pulled, finite = torch.stack([*stats.values(), run_utils.weights_finite(params)]).tolist()
         diverged = not finite
-        iteration_times.append(time.perf_counter() - iteration_start)
-        scalars = {"charts/learning_rate": lr_now, **monitor.collect()}
-        scalars |= {f"losses/{name}": value for name, value in zip(LOSS_NAMES, losses)}
-        sps = batch_size / iteration_times[-1]
-        if iteration > start_iteration:  # the first iteration after a start or resume is warm-up (compile, caches)
-            scalars["charts/SPS"] = sps
-        if cpu_share.update():  # another run started or ended: this run's share of the CPUs changed
-            print(f"threads: {cpu_share.threads} ({cpu_share.why})")
-        scalars["threads/torch"] = torch.get_num_threads()
-        for key, value in scalars.items():
-            writer.add_scalar(key, value, global_step)
-        recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-        pbar.set_postfix(SPS=f"{sps:,.0f}", ret=recent)
-        pbar.update(batch_size)
-        if not args.progress_bar:
-            print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, return {recent}")
+        scalars = {"charts/learning_rate": lr_now} | {f"losses/{name}": value for name, value in zip(stats, pulled)}
+        seconds = time.perf_counter() - iteration_start
+        run.log_window(iteration, num_iterations, global_step, batch_size, seconds, scalars)
         if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
             break
-        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stop:
-            checkpoint(iteration, "stopped" if stop else "running")
-        if stop:
-            resume = f"continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt"
-            print(f"stopping on {stop[0]}: checkpoint at step {global_step}; {resume}")
+        stopping = bool(run.stop)
+        finished = iteration == num_iterations
+        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
+            state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), rng=[gpu_utils.rng_state(device)])
+            state |= dict(
+                iteration=iteration, global_step=global_step, obs_rms=obs_rms.state(), ret_rms=ret_rms.state()
+            )
+            run.checkpoint(state, finished, stopping)
+        if stopping:
             break
 
     # ---------------- end of the run
-    pbar.close()
-    monitor.close()
-    cpu_share.close()
-    if not stop and not diverged and num_iterations >= start_iteration:
-        checkpoint(iteration, "finished")
-    if args.save_model and not stop and not diverged:
-        model_path = f"runs/{run_name}/{args.exp_name}.model"
-        saved = dict(model=agent.state_dict(), args=vars(args), obs_rms=obs_rms.state(), script="ppo_continuous")
-        torch.save(saved, model_path)
-        print(f"model saved to {model_path}")
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-        writer.add_scalar("memory/peak_allocated_mib", peak, global_step)
-        print(f"peak allocated {peak:.1f} MiB, estimate {est.total / 2**20:.1f} MiB (allocator, no CUDA context)")
-    steady = iteration_times[1:] or iteration_times  # the first iteration is warm-up
-    sps = batch_size * len(steady) / max(sum(steady), 1e-9)
-    elapsed = time.time() - train_start
-    steps = f"{global_step}/{num_iterations * batch_size}"
-    print(f"done: step {steps} in {elapsed:.1f}s, {sps:,.0f} SPS, run dir runs/{run_name}")
+    if not diverged and iteration == num_iterations:
+        run.save_model(dict(model=agent.state_dict(), obs_rms=obs_rms.state()))
+    run.close(global_step, diverged)
     envs.close()
-    writer.close()
-    if args.track:
-        wandb.finish(exit_code=int(diverged))
-    if diverged:
-        checkpoint_path = f"runs/{run_name}/checkpoint.pt"
-        kept = "no checkpoint had been written yet"
-        if mark_diverged(checkpoint_path):
-            kept = f"{checkpoint_path} keeps the last finite ones"
-        print(
-            f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
-            "start again with a lower --learning-rate or --max-grad-norm",
-            file=sys.stderr,
-        )
-        sys.exit(1)
+    run.exit(diverged, global_step)

@@ -1,14 +1,26 @@
-"""The run's lifecycle, written once for every training script: checkpoints, the run folder's lock, stop signals,
-TensorBoard and W&B, the config print, and the end of a run.
+"""The run's lifecycle, written once for every training script: argument checks and one-line errors, checkpoints
+(reading, refusing another script's, resuming, marking), the run folder's lock, stop signals, TensorBoard and W&B,
+the config print, progress, and the end of a run.
 
-Each script keeps its algorithm (environment, network, rollout, advantages, loss, update) and calls this module in a
-few visible lines for what every run does the same way. Importing it has no side effects.
+Each script keeps its algorithm (environment, network, rollout, advantages, loss, update) and calls this module in
+a few visible lines for what every run does the same way. Importing it has no side effects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 import gpu_utils
 
@@ -19,6 +31,9 @@ reached), diverged (NaN or infinite weights came after it; its weights are the l
 RUN_LOCK = ".lock"
 """The file in a run folder that a live run holds locked (``fcntl.flock``) for as long as it trains."""
 
+TRAINING_KEYS = {"optimizer", "iteration", "global_step", "rng", "run_name"}
+"""What a checkpoint must hold for --resume (a --save-model file holds only the model and its args)."""
+
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message is one line that says what to do."""
@@ -28,12 +43,111 @@ class RunInUse(ValueError):
     """Another live process trains in this run folder."""
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
+# ---------------------------------------------------------------- arguments
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Turn a ValueError or FileNotFoundError raised inside into one ``error: ...`` line on stderr and exit status
+    2: bad input never ends in a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check(conditions: dict[str, bool]) -> None:
+    """Raise ValueError with the message (the key) of the first condition that does not hold."""
+    failed = [message for message, ok in conditions.items() if not ok]
+    if failed:
+        raise ValueError(failed[0])
+
+
+def shared_checks(args) -> dict[str, bool]:
+    """The one-line error of each setting that several scripts share, for the fields ``args`` has: the run's own,
+    then PPO's (once its minibatch size is known)."""
+    fields = vars(args)
+    every = args.checkpoint_every
+    checks = {
+        f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
+        f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
+        f"--eval-episodes must be at least 1, got {args.eval_episodes}": args.eval_episodes >= 1,
+        f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {every}": every >= 0,
+    }
+    if "gae_lambda" not in fields:
+        return checks
+    coefs = (args.ent_coef, args.vf_coef)
+    checks |= {
+        f"--gae-lambda must be in [0, 1], got {args.gae_lambda}": 0.0 <= args.gae_lambda <= 1.0,
+        f"--gamma must be in [0, 1], got {args.gamma}": 0.0 <= args.gamma <= 1.0,
+        f"--clip-coef must be positive, got {args.clip_coef}": args.clip_coef > 0,
+        f"--ent-coef and --vf-coef must be at least 0, got {coefs[0]} and {coefs[1]}": min(coefs) >= 0,
+        f"--target-kl must be positive (or left unset), got {args.target_kl}": (
+            args.target_kl is None or args.target_kl > 0
+        ),
+    }
+    size = fields.get("minibatch_size")
+    if isinstance(size, int) or (isinstance(size, str) and size.isdigit()):  # one advantage has no std (NaN)
+        one_row = "--norm-adv normalises each minibatch's advantages and needs 2 rows or more"
+        checks[f"{one_row}; use a larger minibatch or --no-norm-adv"] = not args.norm_adv or int(size) >= 2
+    return checks
+
+
+def select_device(args, prefer_cpu: str = "") -> tuple[torch.device, str]:
+    """The device that --gpu, --session and --cuda-offset ask for (gpu_utils.select_device) and why, made current;
+    with --gpu auto, the CPU where ``prefer_cpu`` says why it is faster there. --cudagraphs needs CUDA."""
+    if args.gpu == "auto" and prefer_cpu:
+        device, why = torch.device("cpu"), f"--gpu auto: {prefer_cpu}"
+    else:
+        device, why = gpu_utils.select_device(args.gpu, args.session, args.cuda_offset)
+    graphs = "--cudagraphs needs a CUDA device; drop it or use --gpu true on a GPU machine"
+    check({graphs: not args.cudagraphs or device.type == "cuda"})
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device, why
+
+
+def seed(seed: int, offset: int = 0) -> None:
+    """Seed python's, numpy's and torch's generators: the model starts from ``seed`` in every process (identical
+    copies under torchrun); python's and numpy's draws differ by ``offset`` (the process rank)."""
+    random.seed(seed + offset)
+    np.random.seed(seed + offset)
+    torch.manual_seed(seed)
+
+
+def new_run_name(env: str, args) -> str:
+    """<env>__<exp_name>__<seed>__<unix time>: a new run's folder under runs/, the name sweeps and reports parse."""
+    return f"{env.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def print_config(args, given: dict, from_checkpoint: bool, runtime_flags: set, sources: dict, header: str) -> None:
+    """Print the settings that define the run (not how or where it runs), each with where its value came from:
+    the checkpoint, ``sources`` (a preset, say), derived from others, the command line, or the default."""
+    defaults = type(args)()
+    print(header)
+    for key, value in vars(args).items():
+        if key in runtime_flags or key not in given:
+            continue
+        source = sources.get(key) or ("checkpoint" if from_checkpoint else "")
+        if not source:
+            typed = "default" if given[key] == getattr(defaults, key) else "command line"
+            source = typed if value == given[key] else "derived"
+        print(f"  {key:<26} {value!s:<18} ({source})")
+
+
+def print_device(device: torch.device, why: str, tf32: bool, amp: bool, threads: str) -> None:
+    """The start-up lines every run prints: its device and why, bf16's cost on this device, its CPU threads."""
+    print(f"device: {device} ({why}){', TF32 on' if tf32 else ''}")
+    note = gpu_utils.bf16_note(device) if amp else ""
+    if note:
+        print(note)
+    print(f"threads: {threads}")
+
+
+# ---------------------------------------------------------------- checkpoints
+def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
     """The dict a training script saved at ``path``, read as data only (``torch.load(weights_only=True)``: tensors,
     numbers, strings, lists and dicts; a pickle that would run code is refused). Every reader of checkpoints in the
     repository goes through here. Raises ``FileNotFoundError`` or ``CheckpointError`` with a one-line message."""
-    import torch  # imported here: the report and the sweep read checkpoints without needing torch otherwise
-
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
@@ -41,14 +155,95 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable or unsafe file gets the same one-line answer
         raise CheckpointError(
-            f"cannot read checkpoint {path!r} ({type(exc).__name__}); it is not a checkpoint a script of this "
-            "repository wrote, or it holds more than data"
+            f"cannot read checkpoint {path!r} ({type(exc).__name__}); it is not a file a script of this repository "
+            "wrote, or it holds more than data"
         ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
-        raise CheckpointError(f"{path!r} is not a training checkpoint (no model/args); use one a script wrote")
+        raise CheckpointError(f"{path!r} is not a {script} checkpoint (no model/args); use one a script wrote")
     return ckpt
 
 
+def load_checkpoint(path: str, script: str, owns: Callable[[dict], bool], training: bool = False) -> dict:
+    """A checkpoint.pt or .model file that ``script`` wrote; ``training``: it must hold what --resume needs.
+    ``owns(args)`` tells this script's files from another's among those written before checkpoints named their
+    script."""
+    ckpt = read_checkpoint(path, script)
+    written_by = ckpt.get("script", script)
+    if written_by != script:
+        raise CheckpointError(
+            f"{path!r} was written by {written_by}.py, not {script}.py; use a checkpoint {script}.py wrote"
+        )
+    if not owns(ckpt["args"]):
+        raise CheckpointError(f"{path!r} is another script's checkpoint; use one {script}.py wrote")
+    if training and not TRAINING_KEYS <= set(ckpt):
+        raise CheckpointError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
+    return ckpt
+
+
+def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
+    """--resume: the run's settings come from the checkpoint; how and where it runs (``runtime_flags``) from the
+    command line."""
+    vars(args).update({k: v for k, v in ckpt["args"].items() if k not in runtime_flags and hasattr(args, k)})
+
+
+def exit_if_done(ckpt: dict | None, num_iterations: int, path: str | None, is_main: bool = True) -> None:
+    """A resumed run that has reached its total has nothing left to train: say so, write nothing but its status
+    (finished, however it got there), and exit 0."""
+    if ckpt is None or ckpt["iteration"] < num_iterations:
+        return
+    if is_main:
+        if ckpt.get("status") != "finished":  # stopped in its last iteration by older code, say
+            save_checkpoint(path, **(ckpt | {"status": "finished"}))
+        print(
+            f"nothing to do: {path} is a finished run (step {ckpt['global_step']}: it has reached its total); "
+            f"evaluate it with --eval-checkpoint {path}, or start a new run to train longer"
+        )
+    sys.exit(0)
+
+
+def save_checkpoint(path: str | os.PathLike, **state) -> None:
+    """Write atomically: an interrupted save keeps the previous checkpoint."""
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_states(modules: dict, ckpt: dict, path: str) -> None:
+    """Load a checkpoint's states into ``modules`` (key -> module, optimizer or env), or exit with one line when
+    they do not fit. An optimizer keeps this run's learning rate (a tensor the run anneals in place) and its
+    ``capturable`` and implementation flags: they follow the run, not the checkpoint, so a CPU checkpoint resumed
+    with --cudagraphs captures its update, and a GPU one resumed on the CPU steps a plain Adam."""
+    try:
+        for key, module in modules.items():
+            own = [dict(group) for group in getattr(module, "param_groups", [])]
+            module.load_state_dict(ckpt[key])
+            for group, mine in zip(getattr(module, "param_groups", []), own):
+                kept = ("lr", "capturable", "fused", "foreach", "differentiable")
+                group.update({name: mine[name] for name in kept if name in mine})
+    except (RuntimeError, ValueError, KeyError) as exc:
+        reason = str(exc).strip().splitlines()[0][:120]
+        print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
+        sys.exit(2)
+
+
+def weights_finite(params) -> torch.Tensor:
+    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
+    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
+    return torch.stack([p.isfinite().all() for p in params]).all().float()
+
+
+def mark_diverged(path: str) -> str:
+    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; returns what the
+    error line says of it."""
+    if not os.path.exists(path):
+        return "no checkpoint had been written yet"
+    try:
+        save_checkpoint(path, **(read_checkpoint(path) | dict(status="diverged")))
+    except (OSError, ValueError) as exc:
+        return f"{path} could not be marked diverged ({str(exc).splitlines()[0][:120]})"
+    return f"{path} keeps the last finite ones"
+
+
+# ---------------------------------------------------------------- the run folder's lock
 def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
     """Hold ``<run_dir>/.lock`` locked while this process lives, so that no second process writes into a live run's
     folder (a sweep asks ``run_is_live``). Returns the descriptor (keep it open), or None where locks do not work (no
@@ -94,3 +289,220 @@ def run_is_live(run_dir: str | os.PathLike) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+# ---------------------------------------------------------------- the run
+class Run:
+    """One training run's lifecycle. Every process of a torchrun job makes one; only the main process writes.
+
+    At start: the stop signals (SIGINT and SIGTERM finish the current iteration, then checkpoint), the run folder
+    ``runs/<name>`` and its lock, W&B with --track (resuming the checkpoint's W&B run), TensorBoard with the
+    hyperparameters and the machine, a progress bar, the GPU monitor and this run's CPU share. Then, per iteration or
+    log window, ``log_window``; ``checkpoint`` and ``save_model``; and at the end ``close`` and ``exit``.
+    """
+
+    def __init__(
+        self,
+        args,
+        script: str,
+        name: str,
+        ckpt: dict | None,
+        device: torch.device,
+        cpu_share: gpu_utils.CpuShare,
+        total_steps: int,
+        start_step: int,
+        is_main: bool = True,
+        print_every: int = 1,
+    ) -> None:
+        self.args = args
+        self.script = script
+        self.name = name
+        self.dir = os.path.join("runs", name)
+        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
+        self.device = device
+        self.cpu_share = cpu_share
+        self.total_steps = total_steps
+        self.is_main = is_main
+        self.print_every = print_every  # iterations between progress lines when there is no progress bar
+        self.stop: list[str] = []  # the signal that asked to stop
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: self.stop.append(signal.Signals(signum).name))
+        self.writer = None
+        self.wandb = None
+        if is_main:
+            self._lock = lock_run_dir(self.dir)  # one writer per run folder: a second --resume of a live run stops
+            if args.track:
+                import wandb
+
+                self.wandb = wandb
+                wandb.init(
+                    project=args.wandb_project_name,
+                    entity=args.wandb_entity,
+                    sync_tensorboard=True,
+                    config=vars(args),
+                    name=name,
+                    save_code=True,
+                    monitor_gym=True,
+                    resume="allow",
+                    id=ckpt.get("wandb_id") if ckpt else None,
+                )
+            self.writer = SummaryWriter(self.dir)
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+            self.writer.add_text("device", gpu_utils.device_label(device), start_step)  # a resumed run may move
+        show = args.progress_bar and is_main
+        self.pbar = tqdm(total=total_steps, initial=start_step, disable=not show, unit_scale=True)
+        self.monitor = gpu_utils.GPUMonitor(device).start()
+        self.estimate: gpu_utils.MemoryEstimate | None = None
+        self.windows: list[tuple[int, float]] = []  # (env steps, seconds) of each log window; the first is warm-up
+        self.recent_returns: list[float] = []
+        self.start_time = time.time()
+
+    def log(self, scalars: dict, step: int) -> None:
+        """Write scalars to TensorBoard (and so to W&B)."""
+        if self.writer is not None:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, step)
+
+    def log_episode(self, episodic_return: float, length: int, step: int) -> None:
+        """Log one finished episode; the progress shows the mean of the last 20."""
+        self.log({"charts/episodic_return": episodic_return, "charts/episodic_length": length}, step)
+        self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log_video(self, path: str | None) -> None:
+        """Send a video that a VideoRecorder wrote to W&B (TensorBoard does not show mp4 files)."""
+        if path and self.wandb is not None:
+            self.wandb.log({"videos": self.wandb.Video(path)}, commit=False)
+
+    def log_window(
+        self,
+        iteration: int,
+        num_iterations: int,
+        global_step: int,
+        steps: int,
+        seconds: float,
+        scalars: dict,
+        text: str | None = None,
+    ) -> None:
+        """The end of a log window (a PPO iteration, a Snake log window) of ``steps`` env steps in ``seconds``: takes
+        this run's share of the CPUs, logs ``scalars`` with the GPU's use, the torch threads and charts/SPS (the first
+        window after a start or resume is warm-up: compiling, caches) and shows progress: ``text``, or the mean of the
+        last 20 episodic returns."""
+        if self.cpu_share.update() and self.is_main:  # another run started or ended: this run's share changed
+            print(f"threads: {self.cpu_share.threads} ({self.cpu_share.why})")
+        self.windows.append((steps, seconds))
+        sps = steps / max(seconds, 1e-9)
+        scalars = scalars | self.monitor.collect() | {"threads/torch": torch.get_num_threads()}
+        if len(self.windows) > 1:
+            scalars["charts/SPS"] = sps
+        self.log(scalars, global_step)
+        if text is None:
+            text = f"return {np.mean(self.recent_returns):.1f}" if self.recent_returns else "return -"
+        self.pbar.set_postfix_str(f"SPS={sps:,.0f} {text}", refresh=False)
+        self.pbar.update(global_step - self.pbar.n)
+        due = iteration % self.print_every == 0 or iteration == num_iterations
+        if not self.args.progress_bar and self.is_main and due:
+            print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, {text}")
+
+    def note_estimate(self, estimate: gpu_utils.MemoryEstimate, step: int) -> None:
+        """Print and log the memory estimate; the end of the run sets the measured peak beside it (on a GPU)."""
+        self.estimate = estimate
+        if self.is_main:
+            print(estimate)
+        self.log({"memory/estimated_mib": estimate.total / 2**20}, step)
+
+    def report_micro_batch(self, micro: gpu_utils.MicroBatch, step: int) -> None:
+        """Say (and log) each out-of-memory back-off of the micro-batch since the last call."""
+        for rows, now in micro.backoffs:
+            if self.is_main:
+                print(f"micro-batch: CUDA out of memory at {rows} rows, now {now} rows per backward pass")
+            self.log({"memory/micro_batch": now}, step)
+        micro.backoffs.clear()
+
+    def checkpoint(self, state: dict, finished: bool, stopping: bool = False) -> None:
+        """Write runs/<name>/checkpoint.pt atomically (main process only): ``state`` (model, optimizer, iteration,
+        global_step, rng, ...) with the run's args, name, script and W&B id. Its status: finished once the total is
+        reached, however the run got there; else stopped on a signal; else running."""
+        if not self.is_main:
+            return
+        status = "finished" if finished else "stopped" if stopping else "running"
+        for group in state["optimizer"]["param_groups"]:  # a float, whatever tensor the run anneals in place
+            group["lr"] = float(group["lr"])
+        wandb_id = self.wandb.run.id if self.wandb is not None else None
+        state = state | dict(args=vars(self.args), run_name=self.name, status=status, wandb_id=wandb_id)
+        save_checkpoint(self.checkpoint_path, script=self.script, **state)
+        if stopping and not finished:
+            why = (self.stop or ["a signal to another process"])[0]
+            resume = f"continue with: python {sys.argv[0]} --resume {self.checkpoint_path}"
+            print(f"stopping on {why}: checkpoint at step {state['global_step']}; {resume}")
+
+    def save_model(self, state: dict) -> None:
+        """--save-model: the final model (and what a loaded policy needs besides) to runs/<name>/<exp_name>.model."""
+        if self.is_main and self.args.save_model:
+            path = os.path.join(self.dir, f"{self.args.exp_name}.model")
+            torch.save(state | {"args": vars(self.args), "script": self.script}, path)
+            print(f"model saved to {path}")
+
+    def close(self, global_step: int, diverged: bool) -> None:
+        """The end of the run: the peak memory beside the estimate (on a GPU), the done line with the steady SPS,
+        the logs closed and a W&B run marked failed when it diverged."""
+        self.pbar.close()
+        self.monitor.close()
+        self.cpu_share.close()
+        if not self.is_main:
+            return
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
+            self.log({"memory/peak_allocated_mib": peak}, global_step)
+            planned = f"estimate {self.estimate.total / 2**20:.1f} MiB" if self.estimate else "no estimate"
+            print(f"peak allocated {peak:.1f} MiB, {planned} (allocator, no CUDA context)")
+        steady = self.windows[1:] or self.windows
+        sps = sum(steps for steps, _ in steady) / max(sum(seconds for _, seconds in steady), 1e-9)
+        elapsed = time.time() - self.start_time
+        print(f"done: step {global_step}/{self.total_steps} in {elapsed:.1f}s, {sps:,.0f} SPS, run dir {self.dir}")
+        self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=int(diverged))
+
+    def exit(self, diverged: bool, global_step: int) -> None:
+        """A diverged run ends with one error line (its checkpoint marked diverged) and exit status 1 in every
+        process; any other returns."""
+        if not diverged:
+            return
+        if self.is_main:
+            kept = mark_diverged(self.checkpoint_path)
+            print(
+                f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
+                "start again with a lower --learning-rate or --max-grad-norm",
+                file=sys.stderr,
+            )
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------- videos
+class VideoRecorder:
+    """Writes env 0's games to <folder>/episode-<k>.mp4 on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
+    then every 1000th)."""
+
+    def __init__(self, folder: str, fps: int):
+        self.folder = folder
+        self.fps = fps
+        self.frames = []
+        self.episode = 0
+        os.makedirs(folder, exist_ok=True)
+
+    def add(self, frame: np.ndarray, game_over: bool) -> str | None:
+        """Add env 0's frame after this step ((H, W, 3) uint8); returns the video's path when a recorded game ends."""
+        episode = self.episode
+        recorded = round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
+        if recorded:
+            self.frames.append(frame)
+        self.episode += game_over
+        if not (game_over and self.frames):
+            return None
+        from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
+
+        path = os.path.join(self.folder, f"episode-{episode}.mp4")
+        ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
+        self.frames = []
+        return path

@@ -41,8 +41,9 @@ def assert_micro_batches_match(loss, batch, params, micro_batch: int, atol: floa
     full_loss, full_stats = loss(*batch)
     full_loss.backward()
     full = [p.grad.clone() for p in params]
-    stats, used = gpu_utils.accumulate_gradients(loss, batch, micro_batch, params)
-    assert used == micro_batch
+    micro = gpu_utils.MicroBatch(micro_batch)
+    stats = gpu_utils.accumulate_gradients(loss, batch, micro, params)
+    assert micro.rows == micro_batch and micro.backoffs == []
     torch.testing.assert_close(stats, full_stats, atol=atol, rtol=1e-5)
     for g, p in zip(full, params):
         torch.testing.assert_close(p.grad, g, atol=atol, rtol=1e-4)

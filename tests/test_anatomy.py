@@ -22,23 +22,24 @@ SHARED_RUNTIME = set(SHARED_FIELDS) - {"exp_name", "seed", "torch_deterministic"
 SECTIONS = ["environment", "network", "algorithm", "checkpoint and evaluation"]
 MAIN_SECTIONS = ["arguments and their checks", "device, threads, seeds", "logging", "env and network", "storage"]
 MAIN_SECTIONS += ["training loop", "logging", "end of the run"]
-HELPERS = ["layer_init", "load_weights", "save_checkpoint", "weights_finite", "mark_diverged"]
-HELPERS += ["load_checkpoint", "evaluate"]
+HELPERS = ["layer_init", "validate", "load_checkpoint", "evaluate"]  # each script's own (Snake has no layer_init)
+# what every script does the same way is written once in run_utils and called from each script's main block
+LIFECYCLE = ["with run_utils.one_line_errors():", "run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)"]
+LIFECYCLE += ["run_utils.select_device(args", "run_utils.exit_if_done(ckpt, ", "run_utils.new_run_name("]
+LIFECYCLE += ["run_utils.seed(args.seed", "run_utils.print_device(device, device_why", "run_utils.print_config(args, "]
+LIFECYCLE += ["run = run_utils.Run(args, ", "run_utils.load_states(", "run.note_estimate(", "run.report_micro_batch("]
+LIFECYCLE += ["run_utils.weights_finite(params)", "run.log_window(", "run.checkpoint(", "run.save_model(", "run.close("]
+LIFECYCLE += ["run.exit(diverged, global_step)", "gpu_utils.CpuShare(threads", "gpu_utils.CudaGraph.requested("]
+LIFECYCLE += ["gpu_utils.compile_steps(", "gpu_utils.accumulate_gradients(", "gpu_utils.MicroBatch("]
+# the messages and log keys a reader expects, in the script or in the lifecycle it calls
 LOG_KEYS = ["charts/episodic_return", "charts/SPS", "charts/learning_rate", "memory/estimated_mib"]
 LOG_KEYS += ["memory/peak_allocated_mib", "memory/micro_batch", "threads/torch"]
-MESSAGES = [
-    "device: ",
-    "threads: ",
-    "config:",
-    "compile: the action step and the loss, mode ",
-    "resumed ",
-    "stopping on ",
-]
-MESSAGES += ["continue with: python {sys.argv[0]} --resume runs/{run_name}/checkpoint.pt", "model saved to "]
-MESSAGES += ["peak allocated ", "(allocator, no CUDA context)", "done: step ", "run dir runs/{run_name}"]
-MESSAGES += ["micro-batch: CUDA out of memory at ", 'amp_note = gpu_utils.bf16_note(device) if args.amp else ""']
+MESSAGES = ["device: ", "threads: ", "compile: the action step and the loss, mode ", "stopping on "]
+MESSAGES += ["continue with: python {sys.argv[0]} --resume ", "model saved to ", "peak allocated "]
+MESSAGES += ["(allocator, no CUDA context)", "done: step ", "run dir ", "micro-batch: CUDA out of memory at "]
 MESSAGES += ["error: the update diverged by step ", "keeps the last finite ones", "no checkpoint had been written yet"]
-MESSAGES += ["nothing to do: {args.resume} is a finished run (step ", "or start a new run to train longer"]
+MESSAGES += ["nothing to do: {path} is a finished run (step ", "or start a new run to train longer"]
+SHARED = (ROOT / "run_utils.py").read_text() + (ROOT / "gpu_utils.py").read_text()
 # The training loop (rollout, advantages or targets, update, logging, checkpoint) is what a reader must hold in mind
 # at once: CleanRL's ppo_atari.py loop is about 100 lines. Ours carry resume, stop signals, OOM back-off, torchrun
 # and the CUDA-graph update too; the ceiling keeps headroom so that no one packs lines to fit under it.
@@ -85,7 +86,7 @@ def test_shared_args_come_first_in_one_order_and_every_field_has_a_docstring(scr
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_same_runtime_flags_log_keys_and_messages(script):
+def test_same_runtime_flags_lifecycle_calls_log_keys_and_messages(script):
     text = source(script)
     tree = ast.parse(text)
     namespace = {}
@@ -96,21 +97,24 @@ def test_same_runtime_flags_log_keys_and_messages(script):
     assert SHARED_RUNTIME <= namespace["RUNTIME_FLAGS"]
     arg_names = {name for name, _ in args_fields(tree)}
     assert namespace["RUNTIME_FLAGS"] <= arg_names, "a runtime flag that is not an Args field"
-    # a key is written whole, or its chart name is (dqn_snake_vec builds "charts/<name>" from a table)
-    assert [key for key in LOG_KEYS if f'"{key}"' not in text and f'"{key.split("/")[1]}"' not in text] == []
-    assert [message for message in MESSAGES if message not in text] == []
-    # each process names its machine, so a report can tell apart the parts of a run resumed elsewhere
-    assert 'writer.add_text("device", gpu_utils.device_label(device), global_step)' in text
-    for key in ["model", "optimizer", "args", "iteration", "global_step", "rng", "run_name", "status", "script"]:
-        assert re.search(rf"\b{key}=", text), f"checkpoint key {key}"
-    assert "wandb_id=" in text
-    # the checkpoint names the script that wrote it, and a file of another script is refused by that name
+    main = text.split('\nif __name__ == "__main__":\n')[1]
+    flat = re.sub(r"\(\s+", "(", re.sub(r"\s+", " ", main))  # calls as one line, however ruff wrapped them
+    assert [call for call in LIFECYCLE if call not in flat] == []
+    # a key or message is written whole in the script or the shared modules (Snake builds "charts/<name>")
+    both = text + SHARED
+    assert [key for key in LOG_KEYS if f'"{key}"' not in both and f'"{key.split("/")[1]}"' not in both] == []
+    assert [message for message in MESSAGES if message not in both] == []
+    # the checkpoint holds what --resume needs; run_utils adds args, run_name, status, script and wandb_id
+    for key in ["model", "optimizer", "iteration", "global_step", "rng"]:
+        assert re.search(rf"\b{key}=", main), f"checkpoint key {key}"
+    # the files it writes name the script, and a file of another script is refused by that name
     name = script[: -len(".py")]
-    assert f'script="{name}"' in text
-    assert f"not {name}.py; use a checkpoint {name}.py wrote" in text
-    # hand-started runs share the CPUs; a tracked run closes its wandb run
-    assert "gpu_utils.CpuShare(threads" in text and "cpu_share.update()" in text and "cpu_share.close()" in text
-    assert "wandb.finish(exit_code=int(diverged))" in text  # a diverged run shows as failed in W&B
+    assert f'run_utils.Run(args, "{name}", ' in flat
+    assert f'run_utils.load_checkpoint(path, "{name}", ' in re.sub(r"\(\s+", "(", re.sub(r"\s+", " ", text))
+    # no script keeps its own copy of what run_utils holds
+    tree_names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    copies = {"save_checkpoint", "mark_diverged", "weights_finite", "load_weights", "VideoRecorder"} & tree_names
+    assert copies == set()
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -123,14 +127,10 @@ def test_formatted_without_packing_and_a_loop_that_fits(script):
     assert end - start <= LOOP_CEILING, f"{script}'s training loop has {end - start} lines, over {LOOP_CEILING}"
 
 
-def test_one_video_recorder_shape_and_enum_like_flags_typed_as_literal():
-    def recorder(script):
-        tree = ast.parse(source(script))
-        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VideoRecorder"]
-        return ast.unparse(node)
-
-    # Atari and Snake write videos with the same class (copied: each script stands alone), fed (frame, game_over)
-    assert recorder("ppo_atari.py") == recorder("dqn_snake_vec.py")
+def test_videos_are_written_by_one_recorder_and_enum_like_flags_are_literals():
+    # Atari and Snake write videos with the same class, fed (frame, game_over)
+    for script in ("ppo_atari.py", "dqn_snake_vec.py"):
+        assert "run_utils.VideoRecorder(" in source(script)
     # a flag with a fixed set of choices is a Literal, so that tyro lists them in --help and refuses anything else
     annotations = [node for node in ast.walk(ast.parse(source("dqn_snake_vec.py"))) if isinstance(node, ast.AnnAssign)]
     snake_fields = {node.target.id: ast.unparse(node.annotation) for node in annotations}

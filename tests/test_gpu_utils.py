@@ -222,8 +222,9 @@ def test_accumulate_gradients_matches_full_backward():
     full = [p.grad.clone() for p in model.parameters()]
     for p in model.parameters():
         p.grad = torch.full_like(p, 5.0)  # stale gradients from an earlier minibatch are cleared, not added to
-    stats, used = gpu_utils.accumulate_gradients(loss_fn, batch, micro_batch=8, parameters=list(model.parameters()))
-    assert used == 8
+    micro = gpu_utils.MicroBatch(8)
+    stats = gpu_utils.accumulate_gradients(loss_fn, batch, micro, parameters=list(model.parameters()))
+    assert micro == gpu_utils.MicroBatch(8)  # it fitted: no back-off
     torch.testing.assert_close(stats[0], loss.detach())  # row-weighted means give the full minibatch's mean
     for g_full, p in zip(full, model.parameters()):
         torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)
@@ -244,8 +245,9 @@ def test_accumulate_gradients_recovers_from_oom():
         return inner(x, y)
 
     with_rows = (*batch, torch.arange(37))
-    _, used = gpu_utils.accumulate_gradients(loss_fn, with_rows, micro_batch=32, parameters=list(model.parameters()))
-    assert used == 4  # 32 -> 16 -> 8 -> 4
+    micro = gpu_utils.MicroBatch(32)
+    gpu_utils.accumulate_gradients(loss_fn, with_rows, micro, parameters=list(model.parameters()))
+    assert micro.rows == 4 and micro.backoffs == [(32, 4)]  # 32 -> 16 -> 8 -> 4, for the run to report once
     assert calls[:2] == [32, 5]
     for g_full, p in zip(full, model.parameters()):  # the chunks done before each OOM were thrown away
         torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)
@@ -254,7 +256,7 @@ def test_accumulate_gradients_recovers_from_oom():
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
 
     with pytest.raises(torch.cuda.OutOfMemoryError):  # one row that does not fit is a real error
-        gpu_utils.accumulate_gradients(always_oom, batch, micro_batch=8, parameters=list(model.parameters()))
+        gpu_utils.accumulate_gradients(always_oom, batch, gpu_utils.MicroBatch(8), parameters=list(model.parameters()))
 
 
 def test_parse_micro_batch():

@@ -20,6 +20,7 @@ SCRIPT = str(ROOT / "ppo_atari.py")
 sys.path.insert(0, str(ROOT))
 import gpu_utils  # noqa: E402
 import ppo_atari  # noqa: E402  (importing must have no side effects)
+import run_utils  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress-bar"]
 TINY += ["--env-threads", "1"]
@@ -245,7 +246,7 @@ def test_bad_input_gives_one_line_error(args, needle, tmp_path, bad_checkpoint):
 
 
 def test_video_recorder_writes_first_game(tmp_path):
-    recorder = ppo_atari.VideoRecorder(str(tmp_path / "videos"), fps=15)
+    recorder = run_utils.VideoRecorder(str(tmp_path / "videos"), fps=15)
     stacks = np.random.default_rng(0).integers(0, 255, (10, 4, 84, 84), dtype=np.uint8)
     frames = [ppo_atari.agent_view(stack) for stack in stacks]
     assert frames[0].shape == (168, 168, 3) and np.array_equal(frames[0][::2, ::2, 1], stacks[0, -1])

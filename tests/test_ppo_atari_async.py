@@ -181,11 +181,11 @@ def collect_and_check(envs, num_steps, epochs, seed=0, gamma=0.9, gae_lambda=0.8
     rollout = ppo_atari.AsyncRollout(spy, 1, (obs, actions, logprobs, values, next_obs, rewards, dones))
     rng = np.random.default_rng(seed)
 
-    def act(batch_obs):
+    def act(batch_obs):  # the observations that recv() handed back, on the device
         action = rng.integers(0, 4, len(batch_obs))
         logprob, value = rng.random(len(batch_obs)).astype(np.float32), rng.random(len(batch_obs)).astype(np.float32)
         spy.policy |= {e: (lp, v) for e, lp, v in zip(spy.ids, logprob, value)}
-        return (torch.as_tensor(batch_obs), torch.as_tensor(action), torch.as_tensor(logprob), torch.as_tensor(value))
+        return torch.as_tensor(action), torch.as_tensor(logprob), torch.as_tensor(value)
 
     discarded = []
     for epoch in range(epochs):

@@ -31,7 +31,11 @@ def run(tmp_path, *args, timeout=120):
 
 
 def parse(*argv):
-    return pc.resolve_args(tyro.cli(pc.Args, args=list(argv)))
+    """The settings as the script makes them: the preset and defaults filled in, then checked; and their sources."""
+    args = tyro.cli(pc.Args, args=list(argv))
+    sources = pc.resolve_args(args)
+    pc.validate(args, evaluating=False)
+    return args, sources
 
 
 def run_dir(tmp_path):
