@@ -43,7 +43,14 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from sweep import parse_run_name  # the run-id convention <env>__<exp>__<seed>__<time>, shared with the sweeps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run_utils.py lives in the repo root, next to the training scripts
+    sys.path.insert(0, ROOT)
+
+from sweep import parse_run_name  # noqa: E402  (the run-id convention <env>__<exp>__<seed>__<time>, as in sweeps)
+
+import run_utils  # noqa: E402
 
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
@@ -145,20 +152,19 @@ class Run:
 
 
 def read_checkpoint(run: Run) -> None:
-    """Status, step and total from runs/<run_name>/checkpoint.pt; torch is imported only when there is one."""
+    """Status, step and total from runs/<run_name>/checkpoint.pt, read as data only (``run_utils.read_checkpoint``:
+    a pickle that would run code is refused); torch is imported only when there is one."""
     path = os.path.join(run.path, "checkpoint.pt")
     if not os.path.isfile(path):
         return
     run.checkpoint = path
     try:
-        import torch
-
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - an unreadable checkpoint leaves the status to the events
-        print(f"warning: could not read {path} ({type(exc).__name__}); status from the event files", file=sys.stderr)
+        ckpt = run_utils.read_checkpoint(path)
+    except (OSError, run_utils.CheckpointError) as exc:  # an unreadable checkpoint leaves the status to the events
+        print(f"warning: {exc}; status from the event files", file=sys.stderr)
         return
     status = ckpt.get("status")
-    run.checkpoint_status = status if status in ("running", "stopped", "finished", "diverged") else None
+    run.checkpoint_status = status if status in run_utils.CHECKPOINT_STATUSES else None
     run.checkpoint_step = int(ckpt.get("global_step") or 0)
     total = (ckpt.get("args") or {}).get("total_timesteps")
     if isinstance(total, int) and total > 0:

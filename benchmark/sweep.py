@@ -19,7 +19,8 @@ task line is ``python benchmark/sweep.py task SPEC $SLURM_ARRAY_TASK_ID``, so re
 the code below in both modes.
 
 --resume-existing (:func:`decide_resume`): the newest ``runs/<run_id>__*`` with a checkpoint.pt decides: finished ->
-skip, running/stopped -> continue with ``--resume``, none -> start fresh, unreadable -> the run fails with why.
+skip, running/stopped -> continue with ``--resume``, none -> start fresh, unreadable (or holding more than data:
+``run_utils.read_checkpoint``) -> the run fails with why.
 SIGTERM/SIGINT to the engine: every started run gets SIGTERM (it finishes its iteration, writes checkpoint.pt and
 exits), no further run starts, and the engine waits for them; the summary says what stopped.
 """
@@ -42,13 +43,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # gpu_utils.py lives in the repo root, next to the training scripts
+if REPO_ROOT not in sys.path:  # gpu_utils.py and run_utils.py live in the repo root, next to the training scripts
     sys.path.insert(0, REPO_ROOT)
 
 import gpu_utils  # noqa: E402
+import run_utils  # noqa: E402
 
 RUN_NAME_RE = re.compile(r"^(?P<env>.+?)__(?P<exp>.+)__(?P<seed>-?\d+)__(?P<ts>\d+)$")
-CHECKPOINT_STATUSES = ("running", "stopped", "finished", "diverged")
 GRIDS = ("ppo_atari", "ppo_continuous", "dqn_snake")
 ATARI_GAMES = "Breakout Pong Qbert MsPacman Seaquest SpaceInvaders BeamRider Enduro"
 MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedPendulum-v5"
@@ -115,18 +116,6 @@ class Decision:
     note: str
 
 
-def read_checkpoint(path: str) -> dict:
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # an old (non-zip) file cannot be memory-mapped
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(ckpt, dict) or "args" not in ckpt:
-        raise ValueError("not a training checkpoint (no args)")
-    return ckpt
-
-
 def decide_resume(runs_dir: str, rid: str) -> Decision:
     """The newest ``<runs_dir>/<rid>__*`` holding a checkpoint.pt decides: finished or diverged -> skip,
     running/stopped (or an unknown status) -> resume from it, none -> fresh, unreadable -> error (never a silent fresh
@@ -140,11 +129,10 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
             text += f" ({len(without)} run dir(s) without one, e.g. {without[0]})"
         return Decision("fresh", None, text)
     path = os.path.join(with_ckpt[0], "checkpoint.pt")
-    try:
-        ckpt = read_checkpoint(path)
-    except Exception as exc:  # any unreadable file gets the same one-line answer
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return Decision("error", path, f"cannot read {path} ({type(exc).__name__}: {first}); move it away or fix it")
+    try:  # as data only, as the scripts read it: a file they would refuse is never resumed
+        ckpt = run_utils.read_checkpoint(path)
+    except (OSError, run_utils.CheckpointError) as exc:  # the reader's message is one line
+        return Decision("error", path, f"{exc}; move it away to start the run afresh")
     status = ckpt.get("status")
     step = ckpt.get("global_step")
     total = (ckpt.get("args") or {}).get("total_timesteps")
@@ -157,7 +145,7 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
     if status == "diverged":  # NaN or infinite weights after this checkpoint: the same settings would repeat it
         again = "not resumed, it would likely diverge again; start it anew with other settings"
         return Decision("skip", path, f"diverged after its checkpoint at {where} ({again}): {path}{others}")
-    if status not in CHECKPOINT_STATUSES:
+    if status not in run_utils.CHECKPOINT_STATUSES:
         return Decision("resume", path, f"checkpoint without a known status ({status!r}) at {where}: {path}{others}")
     return Decision("resume", path, f"{status} at {where}: {path}{others}")
 

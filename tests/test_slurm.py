@@ -18,6 +18,8 @@ import time
 import pytest
 from helpers import SNAKE_LONGER, wait_for
 
+import run_utils
+
 torch = pytest.importorskip("torch")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,7 +133,7 @@ def run_dirs(repo, run_id):
 
 
 def checkpoint(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    return run_utils.read_checkpoint(run_dir / "checkpoint.pt")
 
 
 def free_port():

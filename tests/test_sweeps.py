@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import SNAKE_LONGER, wait_for
+from helpers import SNAKE_LONGER, save_checkpoint_with_code, wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -24,6 +24,7 @@ import sweep  # noqa: E402
 
 sys.path.remove(BENCH)
 import gpu_utils  # noqa: E402
+import run_utils  # noqa: E402
 
 SESSION_RE = re.compile(r"^\[session (\d+)\] (cpu|cuda:\d+): (.*)$")
 # variables a sweep reads; a test must not inherit them from the shell that runs pytest
@@ -90,7 +91,7 @@ def flag(cmd, name):
 
 def mini_repo(dest):
     """Copy the scripts and benchmark/ to dest, whose runs/ then holds only this test's runs (for --resume-existing)."""
-    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py"):
+    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py", "run_utils.py"):
         shutil.copy(os.path.join(ROOT, name), dest)
     shutil.copytree(BENCH, dest / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
     return dest
@@ -100,13 +101,14 @@ def fake_checkpoint(repo, run_id, status, step, total, stamp=1700000000):
     """A checkpoint.pt as the training scripts write it (only the keys --resume-existing reads)."""
     run_dir = repo / "runs" / f"{run_id}__{stamp}"
     run_dir.mkdir(parents=True)
-    ckpt = {"args": {"total_timesteps": total}, "status": status, "global_step": step, "run_name": run_dir.name}
+    ckpt = {"model": {}, "args": {"total_timesteps": total}, "status": status, "global_step": step}
+    ckpt["run_name"] = run_dir.name
     torch.save(ckpt, run_dir / "checkpoint.pt")
     return run_dir
 
 
 def load_checkpoint(path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return run_utils.read_checkpoint(path)
 
 
 # ---------------------------------------------------------------- run ids and grids
@@ -343,6 +345,28 @@ def test_dry_run_resume_existing(tmp_path):
     assert sorted(runs) == [1, 2]
     assert flag(runs[1], "--resume") == f"runs/{stopped.name}/checkpoint.pt"  # relative to the repo root (cwd)
     assert "--resume" not in runs[2]
+
+
+def test_resume_existing_never_runs_code_in_a_checkpoint(tmp_path):
+    """A checkpoint.pt whose pickle would run code (here: make a folder) is read as data only, like the scripts read
+    it: --resume-existing fails that run with a one-line reason, and the code never runs."""
+    repo = mini_repo(tmp_path)
+    run_dir = fake_checkpoint(repo, "Snake6x6__dqn_snake_vec_n8__1", "stopped", 40, 100)
+    marker = tmp_path / "the_payload_ran"
+    save_checkpoint_with_code(run_dir / "checkpoint.pt", marker, status="stopped", global_step=40)
+    d = sweep.decide_resume(str(repo / "runs"), "Snake6x6__dqn_snake_vec_n8__1")
+    assert not marker.exists()
+    assert d.action == "error" and "\n" not in d.note and "holds more than data" in d.note and "move it" in d.note
+    res = run_wrapper(
+        "dqn_snake.sh",
+        *("--dry-run", "--resume-existing", "--sizes", "6", "--num-envs", "8", "--seeds", "1"),
+        env={"NUM_GPUS": "0"},
+        repo=repo,
+    )
+    assert not marker.exists()
+    (line,) = [line for line in res.stdout.splitlines() if line.startswith("[error 0]")]
+    assert f"runs/{run_dir.name}/checkpoint.pt" in line and "holds more than data" in line
+    assert not dry_runs(res.stdout)  # nothing starts from it
 
 
 # ---------------------------------------------------------------- local runs: queue, pinning, signals
