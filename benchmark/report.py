@@ -14,8 +14,9 @@ episodes" means the last 100 logged points.)
 
 Segments: every process writes its own event file, so a run continued with --resume (maybe on another machine) has
 one file per part. Each file is a segment, named by the "device" text the scripts log at its start (older files
-without it: "GPU (name not logged)" when they hold GPU samples). A segment's events after the step the next one
-resumed from are dropped: that work was lost with the process (a crash after the last checkpoint) and done again.
+without it: "GPU (name not logged)" when they hold GPU samples). Segments are ordered by the step they start at (wall
+time breaks ties: machines' clocks may disagree). A segment's events after the step the next one resumed from are
+dropped: that work was lost with the process (a crash after the last checkpoint) and done again.
 The wall time leaves out the gaps between segments; a run whose segments ran on different devices gets one SPS per
 device, and a Segments section lists every part.
 
@@ -214,6 +215,11 @@ def segment_device(scalars: dict, texts: dict[str, str]) -> str:
     return "not logged"
 
 
+def first_step(scalars: dict[str, list[tuple[int, float, float]]]) -> int:
+    """The step an event file starts at: the fresh start's 0, or the step of the checkpoint it resumed from."""
+    return min(e[0] for events in scalars.values() for e in events)
+
+
 def load_run(path: str) -> Run | None:
     name = os.path.basename(os.path.normpath(path))
     parsed = parse_run_name(name)
@@ -226,8 +232,10 @@ def load_run(path: str) -> Run | None:
         scalars, texts = read_event_file(os.path.join(path, name))
         if scalars:  # a process that died before its first log leaves an empty file
             parts.append((name, scalars, texts))
-    parts.sort(key=lambda part: min(e[1] for events in part[1].values() for e in events))  # in the order they ran
-    starts = [min(e[0] for events in scalars.values() for e in events) for _, scalars, _ in parts]
+    # in the order they ran: a resumed process starts at its checkpoint's step, so steps give the order; wall clocks
+    # only break ties, as two machines' clocks may disagree by hours
+    parts.sort(key=lambda part: (first_step(part[1]), min(e[1] for events in part[1].values() for e in events)))
+    starts = [first_step(scalars) for _, scalars, _ in parts]
     returns, sps_all, sps_device, stats = [], [], {}, {}
     for i, (name, scalars, texts) in enumerate(parts):
         # the next segment resumed from a checkpoint at its start step: what this one logged after that was lost
