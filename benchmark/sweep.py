@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -55,8 +56,14 @@ ATARI_GAMES = "Breakout Pong Qbert MsPacman Seaquest SpaceInvaders BeamRider End
 MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedPendulum-v5"
 MUJOCO_MORE = "Swimmer-v5 Reacher-v5 Pusher-v5 InvertedDoublePendulum-v5 HumanoidStandup-v5"
 PRESETS = ("default", "fast", "heavy", "beast")
-SLURM_VALUE_RE = re.compile(r"^[A-Za-z0-9._:,+=@-]*$")
-SLURM_PATH_RE = re.compile(r"^[A-Za-z0-9._/+=:@,-]+$")
+SLURM_VALUE_RE = re.compile(r"[A-Za-z0-9._:,+=@-]*")  # with fullmatch: "$" would let a last newline through
+SLURM_PATH_RE = re.compile(r"[A-Za-z0-9._/+=:@,-]+")
+LIST_OPTIONS = ("--games", "--envs", "--presets", "--sizes", "--num-envs", "--seeds")  # white space separates items
+# the variables a sweep reads: their text reaches run names, commands, logs and the sbatch script
+SWEEP_VARIABLES = ("GAMES", "ENVS", "PRESETS", "SIZES", "NUM_ENVS", "SEEDS", "GAE_LAMBDA", "CPUS_PER_RUN", "LOG_DIR")
+SWEEP_VARIABLES += ("JOBS_PER_GPU", "JOBS", "SWEEP_CPUS", "NUM_GPUS", "CUDA_OFFSET", "PYTHON", "LAMBDA_CSV")
+LIST_VARIABLES = ("GAMES", "ENVS", "PRESETS", "SIZES", "NUM_ENVS", "SEEDS")
+SPLIT_IN_TWO = "which would split a command line (or a line of the sbatch script) in two; remove it"
 
 
 class SweepError(ValueError):
@@ -73,6 +80,35 @@ def say(text: str) -> None:
 
 def stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def control_character(text: str, separators: bool = False) -> str | None:
+    """The first control character of ``text`` (a newline, a carriage return, an escape...), or None; with
+    ``separators`` (a list of items), white space such as a newline between two games is allowed."""
+    for c in text:
+        if unicodedata.category(c) == "Cc" and not (separators and c.isspace()):
+            return c
+    return None
+
+
+def refuse_control_characters(
+    options: Sequence[str], passthrough: Sequence[str], sbatch_args: Sequence[str] | None, track: bool
+) -> None:
+    """What a user gives becomes run names, command lines, log lines and lines of the sbatch script, where a newline
+    would start a command of its own: a SweepError naming the first argument or variable with a control character."""
+    for words, where in ((options, ""), (passthrough, " after --"), (sbatch_args or [], " after --sbatch-args")):
+        for prev, word in zip([None, *words], words):
+            flag = word.split("=", 1)[0] if word.startswith("--") else prev if prev and prev.startswith("-") else None
+            c = control_character(word, separators=not where and flag in LIST_OPTIONS)
+            if c is not None:
+                name = f"{flag}{where}" if flag and not control_character(flag) else f"argument{where}"
+                raise SweepError(f"{name} {word!r} holds a control character ({c!r}), {SPLIT_IN_TWO}")
+    variables = SWEEP_VARIABLES + (("WANDB_PROJECT_NAME", "WANDB_ENTITY") if track else ())
+    for var in variables:
+        value = os.environ.get(var, "")
+        c = control_character(value, separators=var in LIST_VARIABLES)
+        if c is not None:
+            raise SweepError(f"{var} {value!r} holds a control character ({c!r}), {SPLIT_IN_TWO}")
 
 
 # ---------------------------------------------------------------- run ids
@@ -601,9 +637,16 @@ def slurm_spec(name: str, runs: Sequence[Run], python: str, tail: Sequence[str],
     }
 
 
+def comment(text: str) -> str:
+    """``# text`` as one line of a shell script: control characters are written as escapes (``\\n``), so no text
+    a user gave can end the comment and start a command."""
+    return "# " + "".join(c.encode("unicode_escape").decode() if control_character(c) else c for c in text)
+
+
 def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | None], engine_python: str) -> str:
     """The job array's sbatch script: #SBATCH lines, the runs as comments, and one task line that calls this
-    engine (``sweep.py task SPEC $SLURM_ARRAY_TASK_ID``)."""
+    engine (``sweep.py task SPEC $SLURM_ARRAY_TASK_ID``). What a user gave is checked (``check_slurm_options``),
+    quoted, or inside a comment."""
     n = len(spec["runs"])
     log_dir = spec["log_dir"]
     array = f"0-{n - 1}" + (f"%{opts['max_parallel']}" if opts.get("max_parallel") else "")
@@ -627,12 +670,14 @@ def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | N
         "# RESUME_EXISTING=1 (--resume-existing): a task first looks for its run's newest checkpoint and skips",
         "# (finished) or continues (--resume) it, else starts fresh; to continue a stopped sweep, run the sweep",
         "# command again with --resume-existing, or: RESUME_EXISTING=1 sbatch THIS_FILE",
-        f"# RESUME_EXISTING defaults to {int(spec['resume_existing'])} here; every run also gets: "
-        f"{shlex.join(spec['tail'])}",
+        comment(
+            f"RESUME_EXISTING defaults to {int(spec['resume_existing'])} here; every run also gets: "
+            f"{shlex.join(spec['tail'])}"
+        ),
         "#",
     ]
     for i, run in enumerate(spec["runs"]):
-        lines.append(f"# task {i}: {run['label']}: {shlex.join(run['args'])}")
+        lines.append(comment(f"task {i}: {run['label']}: {shlex.join(run['args'])}"))
     lines += [
         "set -u",
         f"cd {shlex.quote(spec['repo'])} || exit 2",
@@ -644,12 +689,12 @@ def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | N
 
 def check_slurm_options(opts: dict[str, str | None], log_dir: str) -> None:
     for path in (log_dir, REPO_ROOT):
-        if not SLURM_PATH_RE.match(path):
+        if not SLURM_PATH_RE.fullmatch(path):
             raise SweepError(
                 f"--slurm needs paths without spaces, % or quotes (SLURM's --output); '{path}' has some: pass --log-dir"
             )
     for key in ("partition", "time", "mem", "account"):
-        if opts.get(key) and not SLURM_VALUE_RE.match(opts[key]):
+        if opts.get(key) and not SLURM_VALUE_RE.fullmatch(opts[key]):
             raise SweepError(f"SLURM option value '{opts[key]}' has spaces or odd characters")
     gpus = opts.get("gpus_per_run")
     if gpus and not gpus.isdigit():
@@ -937,6 +982,7 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
     if unknown:
         raise SweepError(f"unknown option '{unknown[0]}' (see --help; arguments for the training script go after --)")
     a.sbatch_args = sbatch_args
+    refuse_control_characters(options, passthrough, sbatch_args, a.track)
     given_local = [k for k in LOCAL_ONLY if getattr(a, k) is not None]
     given_slurm = [k for k in SLURM_ONLY if getattr(a, k) is not None]
     if a.slurm and given_local:

@@ -594,6 +594,53 @@ def test_slurm_bad_input(engine):
     assert rc == 2 and "python interpreter 'no-such-python-xyz' not found" in err
 
 
+def test_control_characters_are_refused(engine, tmp_path):
+    """A newline in an argument or a variable would end a line of the sbatch script (or of a run's command, name or
+    log) and start a command of its own: every sweep refuses it in one line naming where it came from."""
+    flag_file = tmp_path / "flag"
+    payload = f"x\ntouch {flag_file} #"
+    slurm = ["ppo_atari", "--games", "Pong", "--seeds", "1", "--slurm", "--dry-run"]
+    for args, env, named in [
+        ([*slurm, "--", "--exp-name", payload], {}, "--exp-name"),
+        ([*slurm, "--", f"--exp-name={payload}"], {}, "--exp-name"),
+        ([*slurm, "--track"], {"WANDB_ENTITY": payload}, "WANDB_ENTITY"),
+        ([*slurm, "--track"], {"WANDB_PROJECT_NAME": payload}, "WANDB_PROJECT_NAME"),
+        (slurm, {"GAE_LAMBDA": payload}, "GAE_LAMBDA"),
+        ([*slurm, "--gae-lambda", payload], {}, "--gae-lambda"),
+        ([*slurm, "--log-dir", f"{tmp_path}\n"], {}, "--log-dir"),
+        ([*slurm, "--partition", "gpu\n"], {}, "--partition"),
+        ([*slurm, "--sbatch-args", "--comment", payload], {}, "--comment"),
+        (["dqn_snake", "--dry-run", "--seeds", "1", "--", "--exp-name", "a\rb"], {}, "--exp-name"),  # local too
+        (["dqn_snake", "--dry-run", "--seeds", "1", "--", "\x1b[2J"], {}, "argument after --"),
+    ]:
+        rc, out, err = engine(*args, PYTHON=sys.executable, **env)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, (args, env, err)
+        assert named in err and "control character" in err, (args, env, err)
+        assert "#!/bin/bash" not in out and not dry_runs(out)
+    assert not flag_file.exists()
+    # lists split on white space: games one per line are as good as on one line
+    rc, out, err = engine("ppo_atari", "--dry-run", "--games", "Pong\nBreakout", "--seeds", "1\n2", NUM_GPUS="0")
+    assert rc == 0 and len(dry_runs(out)) == 4, err
+
+
+def test_sbatch_script_keeps_user_text_out_of_its_commands(tmp_path):
+    """Whatever reaches the sbatch script, it stays in its comments or inside quotes: a spec whose label, arguments
+    and tail hold newlines writes a script that, run by bash, runs none of them."""
+    flag_file = tmp_path / "flag"
+    payload = f"x\ntouch {flag_file} #"
+    run = sweep.Run(f"label {payload}", "run__x__1", ("dqn_snake_vec.py", "--exp-name", payload))
+    spec = sweep.slurm_spec("dqn_snake", [run], sys.executable, ["--track", "--wandb-entity", payload], "/tmp/l", True)
+    script = sweep.sbatch_script("dqn_snake", "/tmp/l/dqn_snake.json", spec, {}, sys.executable)
+    lines = script.splitlines()
+    body = lines[: lines.index("set -u")]
+    assert all(line.startswith("#") for line in body), script
+    assert len(lines) == len(body) + 3  # set -u, cd, exec: nothing else runs
+    (tmp_path / "x.sbatch").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    subprocess.run(["bash", str(tmp_path / "x.sbatch")], env=env, capture_output=True, timeout=120)
+    assert not flag_file.exists()
+
+
 TASK_PYTHON = """#!/usr/bin/env bash
 # stands in for python in a SLURM task: a training run is recorded
 echo "args: $*" >> "$FAKE_LOG"
