@@ -28,8 +28,9 @@ that stopped moving the policy).
 Status: a run's ``checkpoint.pt`` says how it stands (the scripts write "running" periodically, "stopped" when a
 signal stopped them, "finished" at the end, "diverged" on NaN or infinite weights, keeping the last finite ones):
 finished is "done", stopped is "stopped at X%" with the --resume command, diverged is "diverged at X%". A run
-whose checkpoint says running (or that has none) is "running" while its events are recent (--running-window) and
-"stale" after that: a crashed or killed run also leaves "running" behind.
+whose process holds its folder's lock (runs/<run>/.lock) is "running"; else one whose checkpoint says running (or
+that has none) is "running" while its events are recent (--running-window) and "stale" after that: a crashed or
+killed run also leaves "running" behind.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class Run:
     checkpoint: str | None = None  # path of checkpoint.pt, when the run has one
     checkpoint_status: str | None = None  # running | stopped | finished | diverged, as the checkpoint says
     checkpoint_step: int = 0
+    live: bool = False  # a process holds runs/<run>/.lock: it trains now (run_utils.run_is_live)
     stats: dict[str, np.ndarray] = field(default_factory=dict)  # STAT_TAGS tag -> (n, 2) array of (step, value)
 
     @property
@@ -142,6 +144,8 @@ class Run:
         if self.checkpoint_status == "diverged":  # NaN or infinite weights; the checkpoint holds the last finite ones
             kept = f"NaN or infinite weights; its checkpoint keeps step {self.checkpoint_step:,}"
             return f"diverged at {at} ({kept})" if long else f"diverged ({at})"
+        if self.live:  # its process holds the run folder's lock, whatever its checkpoint or its last event says
+            return f"running ({at})"
         if self.checkpoint_status is None and total and self.last_step + self.iteration_steps > max(total - 1, 0):
             return "done"  # no checkpoint to ask: it reached its last whole iteration
         if now - self.last_event < recent_s:
@@ -275,6 +279,7 @@ def load_run(path: str) -> Run | None:
     run.last_step = max((seg.last_step for seg in run.segments), default=0)
     run.wall_time = sum(seg.wall_time for seg in run.segments)  # not the hours between a stop and its resume
     read_checkpoint(run)
+    run.live = run_utils.run_is_live(path)
     return run
 
 

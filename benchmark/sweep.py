@@ -18,8 +18,9 @@ SLURM (--slurm): one sbatch script, a job array with task i = run i, and a JSON 
 task line is ``python benchmark/sweep.py task SPEC $SLURM_ARRAY_TASK_ID``, so resume/skip and signal forwarding are
 the code below in both modes.
 
---resume-existing (:func:`decide_resume`): the newest ``runs/<run_id>__*`` with a checkpoint.pt decides: finished ->
-skip, running/stopped -> continue with ``--resume``, none -> start fresh, unreadable (or holding more than data:
+--resume-existing (:func:`decide_resume`): a run whose process still trains (it holds ``runs/<run>/.lock``) is left
+alone (live); else the newest ``runs/<run_id>__*`` with a checkpoint.pt decides: finished -> skip, running/stopped ->
+continue with ``--resume``, none -> start fresh, unreadable (or holding more than data:
 ``run_utils.read_checkpoint``) -> the run fails with why.
 SIGTERM/SIGINT to the engine: every started run gets SIGTERM (it finishes its iteration, writes checkpoint.pt and
 exits), no further run starts, and the engine waits for them; the summary says what stopped.
@@ -145,7 +146,8 @@ def run_dirs(runs_dir: str, rid: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Decision:
-    """What --resume-existing does with one run: action is fresh, resume, skip or error."""
+    """What --resume-existing does with one run: action is fresh, resume, skip, live (its process trains now) or
+    error."""
 
     action: str
     checkpoint: str | None
@@ -153,10 +155,15 @@ class Decision:
 
 
 def decide_resume(runs_dir: str, rid: str) -> Decision:
-    """The newest ``<runs_dir>/<rid>__*`` holding a checkpoint.pt decides: finished or diverged -> skip,
-    running/stopped (or an unknown status) -> resume from it, none -> fresh, unreadable -> error (never a silent fresh
-    start)."""
+    """A run whose process still trains in one of its ``<runs_dir>/<rid>__*`` folders (``run_utils.run_is_live``) is
+    live: neither a second writer in its folder nor a second copy of it. Else the newest folder holding a checkpoint.pt
+    decides: finished or diverged -> skip, running/stopped (or an unknown status) -> resume from it, none -> fresh,
+    unreadable -> error (never a silent fresh start)."""
     dirs = run_dirs(runs_dir, rid)
+    live = [d for d in dirs if run_utils.run_is_live(d)]
+    if live:  # e.g. an array resubmitted while its old tasks run, or a sweep started twice
+        holder = os.path.join(live[0], run_utils.RUN_LOCK)
+        return Decision("live", None, f"{live[0]} is training now (its process holds {holder}); not started twice")
     without = [d for d in dirs if not os.path.isfile(os.path.join(d, "checkpoint.pt"))]
     with_ckpt = [d for d in dirs if d not in without]
     if not with_ckpt:
@@ -502,6 +509,9 @@ def run_local(
         if d and d.action == "skip":
             result[i] = "skipped"
             say(f"[sweep] skip   [session {i}] {run.label}: {d.note}")
+        elif d and d.action == "live":
+            result[i] = "live"
+            say(f"[sweep] live   [session {i}] {run.label}: {d.note}")
         elif d and d.action == "error":
             with open(logs[i], "w") as f:
                 f.write(f"error: --resume-existing: {d.note}\n")
@@ -580,7 +590,7 @@ def summarize(
     interrupted: bool,
     log_dir: str,
 ) -> int:
-    counts = {"ok": 0, "failed": 0, "stopped": 0, "not started": 0, "skipped": 0}
+    counts = {"ok": 0, "failed": 0, "stopped": 0, "not started": 0, "skipped": 0, "live": 0}
     lines = [f"sweep {name}: {len(runs)} runs, {seconds:.0f} s"]
     for i, run in enumerate(runs):
         rc = result.get(i, "not-run")
@@ -588,6 +598,9 @@ def summarize(
             counts["ok"] += 1
         elif rc == "skipped":
             counts["skipped"] += 1
+        elif rc == "live":
+            counts["live"] += 1
+            lines.append(f"live [session {i}] {run.label}: training in another process, left alone")
         elif rc == "stopped":
             counts["stopped"] += 1
             lines.append(f"stopped [session {i}] {run.label}: {logs[i]}")
@@ -603,6 +616,8 @@ def summarize(
             total += f", {counts[key]} {key}"
     if counts["skipped"]:
         total += f", {counts['skipped']} skipped (finished or diverged before)"
+    if counts["live"]:
+        total += f", {counts['live']} live (training in another process)"
     lines.append(total)
     if interrupted:
         lines.append(
@@ -798,8 +813,8 @@ def run_task(spec_path: str, index_text: str) -> int:
     resume = None
     if os.environ.get("RESUME_EXISTING", "1" if spec["resume_existing"] else "0") == "1":
         d = decide_resume("runs", run.run_id)
-        if d.action == "skip":
-            say(f"[sweep] skip: {d.note}")
+        if d.action in ("skip", "live"):
+            say(f"[sweep] {d.action}: {d.note}")
             return 0
         if d.action == "error":
             say(f"[sweep] FAILED: --resume-existing: {d.note}")
@@ -889,7 +904,8 @@ def build_parser(grid: str) -> Parser:
         "--resume-existing",
         action="store_true",
         help="skip runs whose newest run dir has a finished checkpoint, continue (--resume) running/stopped "
-        "ones, start the others; under --slurm each task decides when it starts",
+        "ones, leave runs still training (live) alone, start the others; under --slurm each task decides when it "
+        "starts",
     )
     c.add_argument(
         "--cpus-per-run",
@@ -1072,7 +1088,7 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         d = decisions[i]
         commands.append(run_command(python, run, i, tail, d.checkpoint if d and d.action == "resume" else None))
         devices.append(device_of(i, n_gpus, offset))
-        skipped = d is not None and d.action in ("skip", "error")
+        skipped = d is not None and d.action in ("skip", "live", "error")
         lanes_of.append(-1 if skipped else (gpu_utils.rotate(i, offset, n_gpus) if n_gpus else 0))
 
     per_gpu = f"jobs_per_gpu={jobs_per_gpu}" if n_gpus else f"jobs={jobs}"
@@ -1089,7 +1105,7 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         slot_of = planned_slots(lanes_of, slots)
         for i, run in enumerate(runs):
             d = decisions[i]
-            if d and d.action in ("skip", "error"):
+            if d and d.action in ("skip", "live", "error"):
                 say(f"[{d.action} {i}] {run.label}: {d.note}")
                 continue
             if d and d.action == "resume":
@@ -1104,11 +1120,9 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
 
 
 def relative_decision(d: Decision) -> Decision:
-    """The checkpoint path relative to the repo root (where the runs start), as users read it."""
-    if not d.checkpoint:
-        return d
-    rel = os.path.relpath(d.checkpoint, REPO_ROOT)
-    return Decision(d.action, rel, d.note.replace(d.checkpoint, rel))
+    """Paths relative to the repo root (where the runs start), as users read them."""
+    checkpoint = os.path.relpath(d.checkpoint, REPO_ROOT) if d.checkpoint else None
+    return Decision(d.action, checkpoint, d.note.replace(os.path.join(REPO_ROOT, ""), ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

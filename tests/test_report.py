@@ -275,6 +275,26 @@ def test_report_never_runs_code_in_a_checkpoint(tmp_path):
     assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
 
 
+def test_report_shows_a_live_run_as_running(tmp_path):
+    """A run whose process holds runs/<run>/.lock trains now, however long ago its last event was (a slow first
+    iteration, a long evaluation): "running", not "stale"; without the lock the same run is stale."""
+    import run_utils
+
+    name = "ALE_Pong-v5__ppo_atari__1__1700000000"
+    runs = tmp_path / "runs"
+    write_run(runs, name, returns=[1.0], return_steps=[2000], t0=time.time() - 7200)
+    write_checkpoint(runs / name, "running", 2000, 10000)
+    fd = run_utils.lock_run_dir(runs / name)
+    try:
+        res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    finally:
+        os.close(fd)
+    assert res.returncode == 0, res.stderr
+    assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
+    res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1].startswith("stale at 20%")
+
+
 def write_segment(run_dir, start, returns, sps, t0, device=None, gpu_samples=False):
     """One process's event file, as the scripts write it: the memory estimate (and the device) at the step it started
     from, then returns and SPS as (step, value); an event's wall time is t0 plus a second per 10 steps from start."""

@@ -369,6 +369,34 @@ def test_resume_existing_never_runs_code_in_a_checkpoint(tmp_path):
     assert not dry_runs(res.stdout)  # nothing starts from it
 
 
+def test_resume_existing_leaves_a_live_run_alone(tmp_path):
+    """A run whose process still trains (it holds runs/<run>/.lock, as the scripts do) is neither resumed into its
+    own folder by a second writer nor started again: --resume-existing says it is live and leaves it, in the dry run
+    and in a real sweep; once the lock is released it resumes as usual."""
+    repo = mini_repo(tmp_path)
+    rid = "Snake6x6__dqn_snake_vec_n8__1"
+    run_dir = fake_checkpoint(repo, rid, "running", 40, 100)
+    starting = repo / "runs" / "Snake6x6__dqn_snake_vec_n8__2__1700000000"  # a fresh run before its first checkpoint
+    locks = [run_utils.lock_run_dir(run_dir), run_utils.lock_run_dir(starting)]
+    sizes = ("--sizes", "6", "--num-envs", "8", "--seeds", "1 2", "--resume-existing")
+    try:
+        d = sweep.decide_resume(str(repo / "runs"), rid)
+        assert d.action == "live" and str(run_dir) in d.note and "training now" in d.note, d
+        assert sweep.decide_resume(str(repo / "runs"), "Snake6x6__dqn_snake_vec_n8__2").action == "live"
+        res = run_wrapper("dqn_snake.sh", "--dry-run", *sizes, env={"NUM_GPUS": "0"}, repo=repo)
+        assert f"[live 0] Snake6x6 n=8 seed=1: runs/{run_dir.name} is training now" in res.stdout
+        assert "[live 1] Snake6x6 n=8 seed=2" in res.stdout and not dry_runs(res.stdout)
+        logs = tmp_path / "logs"
+        env = {"NUM_GPUS": "0", "PYTHON": "false", "LOG_DIR": str(logs)}  # a run that started would fail
+        res = run_wrapper("dqn_snake.sh", *sizes, env=env, repo=repo)
+        assert f"live   [session 0] Snake6x6 n=8 seed=1: runs/{run_dir.name} is training now" in res.stdout
+        assert "0 ok, 0 failed, 2 live (training in another process)" in (logs / "summary.txt").read_text()
+    finally:
+        for fd in locks:
+            os.close(fd)
+    assert sweep.decide_resume(str(repo / "runs"), rid).action == "resume"
+
+
 # ---------------------------------------------------------------- local runs: queue, pinning, signals
 
 FAKE_PYTHON = """#!/usr/bin/env bash
