@@ -23,7 +23,9 @@ alone (live); else the newest ``runs/<run_id>__*`` with a checkpoint.pt decides:
 continue with ``--resume``, none -> start fresh, unreadable (or holding more than data:
 ``run_utils.read_checkpoint``) -> the run fails with why.
 SIGTERM/SIGINT to the engine: every started run gets SIGTERM (it finishes its iteration, writes checkpoint.pt and
-exits), no further run starts, and the engine waits for them; the summary says what stopped.
+exits), no further run starts, and the engine waits for them; the summary says what stopped. A run that gets it while
+it starts (before the script's handler exists) dies with rc 143 and no new checkpoint: stopped before its first
+checkpoint, not failed (:func:`early_stop_note`).
 """
 
 from __future__ import annotations
@@ -445,6 +447,17 @@ def log_name(index: int, label: str) -> str:
 # ---------------------------------------------------------------- running runs and forwarding signals
 
 
+SIGTERM_RC = 128 + signal.SIGTERM  # a process that SIGTERM killed, as a shell reports it
+
+
+def early_stop_note(resume: str | None) -> str:
+    """What a run that SIGTERM killed while it started (rc 143: the scripts handle the signal only once they train)
+    left, and what --resume-existing does with it: no checkpoint of this process, so afresh, or its old one again."""
+    if resume:
+        return f"stopped before its first checkpoint; {resume} is as it was and --resume-existing continues from it"
+    return "stopped before its first checkpoint; --resume-existing starts it afresh"
+
+
 class Stopper:
     """Forwards SIGTERM/SIGINT to every started run (it checkpoints and exits) and remembers that the sweep stops."""
 
@@ -530,7 +543,7 @@ def run_local(
         for g, queue in queues.items():
             for slot in lane_slots[g]:
                 if slot.proc is not None and slot.proc.poll() is not None:
-                    finish(slot, runs, logs, result, stopper.stopping)
+                    finish(slot, runs, logs, result, stopper.stopping, flag_value(commands[slot.session], "--resume"))
                     slot.proc = None
                 if slot.proc is None and queue and not stopper.stopping:
                     i = queue.pop(0)
@@ -567,7 +580,10 @@ def run_local(
     return summarize(name, runs, devices, logs, result, time.time() - start_s, stopper.stopping, log_dir)
 
 
-def finish(slot: Slot, runs: Sequence[Run], logs: Sequence[str], result: dict[int, str], stopping: bool) -> None:
+def finish(
+    slot: Slot, runs: Sequence[Run], logs: Sequence[str], result: dict[int, str], stopping: bool, resume: str | None
+) -> None:
+    """Record how the run in ``slot`` ended (``resume``: the checkpoint it started from, if any)."""
     i, rc = slot.session, slot.proc.returncode
     if rc < 0:  # killed by a signal: the shell's convention
         rc = 128 - rc
@@ -575,6 +591,9 @@ def finish(slot: Slot, runs: Sequence[Run], logs: Sequence[str], result: dict[in
     if stopping and rc == 0:
         result[i] = "stopped"
         say(f"[sweep] stopped       {base}: checkpoint written; continue with --resume-existing")
+    elif stopping and rc == SIGTERM_RC:  # our SIGTERM came while it started, before the script could handle it
+        result[i] = "stopped early"
+        say(f"[sweep] stopped       {base}: {early_stop_note(resume)}")
     else:
         result[i] = str(rc)
         say(f"[sweep] done   (rc=0) {base}" if rc == 0 else f"[sweep] FAILED (rc={rc}) {base}: see {logs[i]}")
@@ -604,6 +623,9 @@ def summarize(
         elif rc == "stopped":
             counts["stopped"] += 1
             lines.append(f"stopped [session {i}] {run.label}: {logs[i]}")
+        elif rc == "stopped early":
+            counts["stopped"] += 1
+            lines.append(f"stopped before its first checkpoint [session {i}] {run.label}: {logs[i]}")
         elif rc == "not-run":
             counts["not started"] += 1
             lines.append(f"not started [session {i}] {run.label}")
@@ -622,7 +644,7 @@ def summarize(
     if interrupted:
         lines.append(
             "interrupted: stopped runs wrote runs/<run>/checkpoint.pt; run the same command with --resume-existing "
-            "to continue them and start the rest"
+            "to continue them and start the rest (afresh for those stopped before their first checkpoint)"
         )
     summary = os.path.join(log_dir, "summary.txt")
     with open(summary, "w") as f:
@@ -835,7 +857,10 @@ def run_task(spec_path: str, index_text: str) -> int:
             f"# {stamp()} stopped by SIGTERM with its checkpoint written; resubmit the sweep with --resume-existing "
             "to continue"
         )
-        return 143
+        return SIGTERM_RC
+    if stopper.stopping and rc == SIGTERM_RC:  # the SIGTERM came while it started, before the script could handle it
+        say(f"# {stamp()} stopped by SIGTERM while it started: {early_stop_note(resume)}")
+        return SIGTERM_RC
     say(f"# {stamp()} exit code {rc}")
     return rc
 

@@ -511,6 +511,46 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
     )
 
 
+STARTING_PYTHON = """#!/usr/bin/env bash
+# stands in for python while it imports torch: no SIGTERM handler yet, so a stop kills it (rc 143), no checkpoint
+echo "starting" >> "$FAKE_LOG"
+exec sleep 60
+"""
+
+
+def test_a_stop_while_a_run_starts_is_not_a_failure(tmp_path):
+    """Ctrl-C right after a sweep started a run reaches it before the script has its SIGTERM handler (it is still
+    importing): it dies with rc 143 and no checkpoint. That run was stopped, not failed, and --resume-existing starts
+    it afresh."""
+    repo = mini_repo(tmp_path)
+    fake = tmp_path / "fakepython"
+    fake.write_text(STARTING_PYTHON)
+    fake.chmod(0o755)
+    fake_log, logs = tmp_path / "fake.log", tmp_path / "logs"
+    env = sweep_env({"PYTHON": str(fake), "FAKE_LOG": str(fake_log), "NUM_GPUS": "0", "LOG_DIR": str(logs)})
+    args = ["bash", str(repo / "benchmark" / "dqn_snake.sh"), "--sizes", "6", "--num-envs", "8", "--seeds", "1"]
+    proc = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: fake_log.exists(), 60, "the run to start")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "FAILED" not in out and "stopped before its first checkpoint" in out, out
+    summary = (logs / "summary.txt").read_text()
+    assert "0 ok, 0 failed, 1 stopped" in summary and "stopped before its first checkpoint" in summary, summary
+    res = run_wrapper(
+        "dqn_snake.sh",
+        *("--dry-run", "--resume-existing", "--sizes", "6", "--num-envs", "8", "--seeds", "1"),
+        env={"NUM_GPUS": "0"},
+        repo=repo,
+    )
+    ((_, _, _, _, cmd),) = dry_runs(res.stdout)
+    assert "--resume" not in cmd  # afresh
+
+
 # ---------------------------------------------------------------- SLURM job array script (no SLURM needed)
 
 
@@ -673,6 +713,10 @@ TASK_PYTHON = """#!/usr/bin/env bash
 # stands in for python in a SLURM task: a training run is recorded
 echo "args: $*" >> "$FAKE_LOG"
 echo "threads: OMP=$OMP_NUM_THREADS MKL=$MKL_NUM_THREADS" >> "$FAKE_LOG"
+if [[ -n "${FAKE_STARTING:-}" ]]; then  # still importing: no SIGTERM handler, so a stop kills it
+  echo "waiting" >> "$FAKE_LOG"
+  exec sleep 60
+fi
 if [[ -n "${FAKE_WAIT:-}" ]]; then
   trap 'echo "got TERM" >> "$FAKE_LOG"; sleep 0.5; echo "checkpoint written" >> "$FAKE_LOG"; exit 0' TERM
   echo "waiting" >> "$FAKE_LOG"
@@ -777,3 +821,17 @@ def test_slurm_task_script_without_slurm(tmp_path):
         assert "got TERM" in calls and calls.endswith("checkpoint written\n"), calls
         log = (logs / "002_Snake6x6_n=8_seed=3.log").read_text()
         assert log.rstrip().endswith("resubmit the sweep with --resume-existing to continue"), log
+
+    # SIGTERM while the run starts (before its handler): stopped before its first checkpoint, not a failure
+    fake_log.unlink()
+    proc = task(2, wait=True, FAKE_STARTING="1")
+    try:
+        wait_for(lambda: fake_log.exists() and "waiting" in fake_log.read_text(), 60, "the stand-in run")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (logs / "002_Snake6x6_n=8_seed=3.log").read_text()
+    last = log.rstrip().splitlines()[-1]
+    assert "stopped before its first checkpoint" in last and "--resume-existing starts it afresh" in last, log
