@@ -10,7 +10,8 @@ directory ``runs/<run_id>__<unix time>`` (:func:`parse_run_name` reads one back;
 
 Local sweeps: run i gets session i (``--session i``); the script's gpu_utils.select_device puts it on GPU
 ``gpu_utils.rotate(i, CUDA_OFFSET, n_gpus)``, and this engine computes the same GPU to keep at most JOBS_PER_GPU runs
-on each GPU at once (one queue per GPU; without GPUs one queue of JOBS). Slot s of the C = lanes x slots slots gets
+on each GPU at once (one queue per GPU; without GPUs one queue of JOBS). ``-- --gpu N`` puts every run on GPU N (one
+queue of JOBS_PER_GPU), ``-- --gpu false`` on the CPU (:func:`gpu_choice`). Slot s of the C = lanes x slots slots gets
 CPU group s of ``gpu_utils.split_cpus(sweep CPUs, C)`` (or windows of --cpus-per-run CPUs), runs there with
 OMP_NUM_THREADS = MKL_NUM_THREADS = its CPUs, pinned with ``taskset -c`` where taskset works.
 
@@ -383,9 +384,32 @@ def detect_gpus(environ: dict[str, str]) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def device_of(session: int, n_gpus: int, cuda_offset: int) -> str:
-    """Where run ``session`` trains: "cuda:<gpu_utils.rotate(...)>" or "cpu"."""
+def device_of(session: int, n_gpus: int, cuda_offset: int, fixed_gpu: int | None = None) -> str:
+    """Where run ``session`` trains: "cuda:<fixed_gpu>", "cuda:<gpu_utils.rotate(...)>" or "cpu"."""
+    if fixed_gpu is not None:
+        return f"cuda:{fixed_gpu}"
     return f"cuda:{gpu_utils.rotate(session, cuda_offset, n_gpus)}" if n_gpus else "cpu"
+
+
+def gpu_choice(text: str | None, n_gpus: int) -> tuple[int, int | None]:
+    """(GPUs the runs use, the one GPU every run takes or None) for the ``--gpu`` given after -- (None: not given),
+    read as gpu_utils.select_device reads it: auto/true rotate over the ``n_gpus``, false/cpu puts every run on the
+    CPU, N or cuda:N every run on GPU N."""
+    word = (text or "auto").strip().lower()
+    if word in ("auto", "true", "cuda", "gpu", "yes"):
+        return n_gpus, None
+    if word in ("false", "cpu", "no"):
+        return 0, None
+    index = word.removeprefix("cuda:")
+    if not re.fullmatch(r"[0-9]+", index):
+        raise SweepError(f"--gpu {text!r} after -- is not understood; use auto, true, false, a GPU index N or cuda:N")
+    if int(index) >= n_gpus:
+        have = f"{n_gpus} GPUs (0..{n_gpus - 1})" if n_gpus > 1 else "GPU 0 only" if n_gpus else "no GPU"
+        raise SweepError(
+            f"--gpu {text} after -- asks for GPU {index} but the sweep sees {have} (NUM_GPUS, else "
+            "CUDA_VISIBLE_DEVICES); name a GPU it sees, or leave --gpu out"
+        )
+    return n_gpus, int(index)
 
 
 def slot_cpus(cpus: Sequence[int], slots: int, per_run: int | None = None) -> list[list[int]]:
@@ -1041,6 +1065,11 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         raise SweepError('--seed after -- would give every run the same seed; use --seeds "1 2 3"')
     if has_flag(passthrough, "--resume"):
         raise SweepError("--resume after -- would make every run continue one checkpoint; use --resume-existing")
+    if has_flag(passthrough, "--session"):
+        raise SweepError(
+            "--session after -- would give every run the same session (and GPU); the sweep numbers its runs itself: "
+            "shift them with CUDA_OFFSET, or put them all on one GPU with -- --gpu N"
+        )
     runs = build_runs(grid, a, parse_seeds(a.seeds), passthrough)
     if not runs:
         raise SweepError("nothing to run (empty list of envs, seeds or settings)")
@@ -1063,16 +1092,21 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         opts["resume_existing"] = a.resume_existing
         return submit_slurm(grid, runs, abs_python(python), track + passthrough, opts, log_dir, a.dry_run)
 
-    offset_text = os.environ.get("CUDA_OFFSET", "")
-    if offset_text and not offset_text.isdigit():
-        raise SweepError(f"CUDA_OFFSET must be a non-negative integer, got '{offset_text}'")
+    # the plan follows what the runs will do: their --cuda-offset and --gpu after --, else CUDA_OFFSET and rotation
+    offset_source = "--cuda-offset" if has_flag(passthrough, "--cuda-offset") else "CUDA_OFFSET"
+    offset_text = flag_value(passthrough, "--cuda-offset") or os.environ.get("CUDA_OFFSET", "")
+    if offset_text and not re.fullmatch(r"[0-9]+", offset_text):
+        raise SweepError(f"{offset_source} must be a non-negative integer, got '{offset_text}'")
     offset = int(offset_text or 0)
-    n_gpus = detect_gpus(dict(os.environ))
-    if flag_value(passthrough, "--gpu") == "false":
-        n_gpus = 0
+    n_gpus, fixed_gpu = gpu_choice(flag_value(passthrough, "--gpu"), detect_gpus(dict(os.environ)))
     tail = ["--cuda-offset", offset_text] if offset_text and not has_flag(passthrough, "--cuda-offset") else []
     tail += track + passthrough
-    lanes, slots = (n_gpus, jobs_per_gpu) if n_gpus else (1, jobs)
+    if fixed_gpu is not None:  # one queue, on the GPU that --gpu N names
+        lanes, slots = 1, jobs_per_gpu
+    elif n_gpus:  # one queue per GPU
+        lanes, slots = n_gpus, jobs_per_gpu
+    else:
+        lanes, slots = 1, jobs
     concurrency = lanes * slots
 
     allowed = gpu_utils.allowed_cpus()
@@ -1112,13 +1146,15 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
     for i, run in enumerate(runs):
         d = decisions[i]
         commands.append(run_command(python, run, i, tail, d.checkpoint if d and d.action == "resume" else None))
-        devices.append(device_of(i, n_gpus, offset))
+        devices.append(device_of(i, n_gpus, offset, fixed_gpu))
         skipped = d is not None and d.action in ("skip", "live", "error")
-        lanes_of.append(-1 if skipped else (gpu_utils.rotate(i, offset, n_gpus) if n_gpus else 0))
+        rotating = n_gpus and fixed_gpu is None
+        lanes_of.append(-1 if skipped else (gpu_utils.rotate(i, offset, n_gpus) if rotating else 0))
 
     per_gpu = f"jobs_per_gpu={jobs_per_gpu}" if n_gpus else f"jobs={jobs}"
+    gpus = f"gpus={n_gpus}" + (f" (every run on cuda:{fixed_gpu}: --gpu after --)" if fixed_gpu is not None else "")
     say(
-        f"[sweep] {grid}: {len(runs)} runs, gpus={n_gpus} cuda_offset={offset} {per_gpu} -> up to {concurrency} at "
+        f"[sweep] {grid}: {len(runs)} runs, {gpus} cuda_offset={offset} {per_gpu} -> up to {concurrency} at "
         f"once; cwd {REPO_ROOT}"
     )
     pin_note = "pinned with taskset" if pin else "not pinned (taskset is missing or does not work here)"

@@ -263,6 +263,31 @@ def test_dry_run_options_and_environment(engine):
     assert flag(cmd, "--preset") == "fast" and flag(cmd, "--seed") == "7"
 
 
+def test_dry_run_plans_the_gpu_the_runs_are_given(engine):
+    """The plan (devices, runs at once per GPU) follows what the runs will do with the --gpu and --cuda-offset given
+    after --: --gpu N puts every run on GPU N, JOBS_PER_GPU at a time, not one per GPU on GPUs they never use."""
+    rc, out, err = engine("dqn_snake", "--dry-run", "--seeds", "1 2", "--", "--gpu", "1")  # NUM_GPUS=2
+    assert rc == 0, err
+    assert {dev for _, dev, *_ in dry_runs(out)} == {"cuda:1"} and "up to 1 at once" in out
+    rc, out, _ = engine("dqn_snake", "--dry-run", "--seeds", "1", "--jobs-per-gpu", "2", "--", "--gpu=cuda:0")
+    assert {dev for _, dev, *_ in dry_runs(out)} == {"cuda:0"} and "up to 2 at once" in out
+    for word in ("cpu", "No"):  # the words the scripts read as the CPU
+        rc, out, _ = engine("dqn_snake", "--dry-run", "--seeds", "1", "--", "--gpu", word)
+        assert {dev for _, dev, *_ in dry_runs(out)} == {"cpu"}, word
+    rc, out, _ = engine("dqn_snake", "--dry-run", "--seeds", "1", "--", "--cuda-offset", "1", CUDA_OFFSET="")
+    runs = dry_runs(out)
+    assert [dev for _, dev, *_ in runs] == [f"cuda:{gpu_utils.rotate(s, 1, 2)}" for s, *_ in runs]
+    assert all(cmd.count("--cuda-offset") == 1 for *_, cmd in runs)
+    for args, text in [
+        (["--", "--gpu", "2"], "--gpu 2 after -- asks for GPU 2 but the sweep sees 2 GPUs"),
+        (["--", "--gpu", "fast"], "--gpu 'fast' after -- is not understood"),
+        (["--", "--cuda-offset", "-1"], "--cuda-offset must be a non-negative integer"),
+        (["--", "--session", "3"], "--session after --"),
+    ]:
+        rc, out, err = engine("dqn_snake", "--dry-run", "--seeds", "1", *args)
+        assert rc == 2 and err.startswith("error: ") and text in err and err.count("\n") == 1, (args, err)
+
+
 def test_bad_input_is_one_error_line(engine):
     for args, env, text in [
         (["ppo_atari", "--bogus"], {}, "unknown option '--bogus'"),
