@@ -1143,12 +1143,12 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         decisions = [decide_resume(os.path.join(REPO_ROOT, "runs"), run.run_id) for run in runs]
         decisions = [relative_decision(d) for d in decisions]
     commands, devices, lanes_of = [], [], []
+    rotating = n_gpus > 0 and fixed_gpu is None
     for i, run in enumerate(runs):
         d = decisions[i]
         commands.append(run_command(python, run, i, tail, d.checkpoint if d and d.action == "resume" else None))
         devices.append(device_of(i, n_gpus, offset, fixed_gpu))
         skipped = d is not None and d.action in ("skip", "live", "error")
-        rotating = n_gpus and fixed_gpu is None
         lanes_of.append(-1 if skipped else (gpu_utils.rotate(i, offset, n_gpus) if rotating else 0))
 
     per_gpu = f"jobs_per_gpu={jobs_per_gpu}" if n_gpus else f"jobs={jobs}"
