@@ -14,8 +14,9 @@ episodes" means the last 100 logged points.)
 
 Segments: every process writes its own event file, so a run continued with --resume (maybe on another machine) has
 one file per part. Each file is a segment, named by the "device" text the scripts log at its start (older files
-without it: "GPU (name not logged)" when they hold GPU samples). A segment's events after the step the next one
-resumed from are dropped: that work was lost with the process (a crash after the last checkpoint) and done again.
+without it: "GPU (name not logged)" when they hold GPU samples). Segments are ordered by the step they start at (wall
+time breaks ties: machines' clocks may disagree). A segment's events after the step the next one resumed from are
+dropped: that work was lost with the process (a crash after the last checkpoint) and done again.
 The wall time leaves out the gaps between segments; a run whose segments ran on different devices gets one SPS per
 device, and a Segments section lists every part.
 
@@ -27,8 +28,9 @@ that stopped moving the policy).
 Status: a run's ``checkpoint.pt`` says how it stands (the scripts write "running" periodically, "stopped" when a
 signal stopped them, "finished" at the end, "diverged" on NaN or infinite weights, keeping the last finite ones):
 finished is "done", stopped is "stopped at X%" with the --resume command, diverged is "diverged at X%". A run
-whose checkpoint says running (or that has none) is "running" while its events are recent (--running-window) and
-"stale" after that: a crashed or killed run also leaves "running" behind.
+whose process holds its folder's lock (runs/<run>/.lock) is "running"; else one whose checkpoint says running (or
+that has none) is "running" while its events are recent (--running-window) and "stale" after that: a crashed or
+killed run also leaves "running" behind.
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from sweep import parse_run_name  # the run-id convention <env>__<exp>__<seed>__<time>, shared with the sweeps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run_utils.py lives in the repo root, next to the training scripts
+    sys.path.insert(0, ROOT)
+
+from sweep import parse_run_name  # noqa: E402  (the run-id convention <env>__<exp>__<seed>__<time>, as in sweeps)
+
+import run_utils  # noqa: E402
 
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
@@ -103,6 +112,7 @@ class Run:
     checkpoint: str | None = None  # path of checkpoint.pt, when the run has one
     checkpoint_status: str | None = None  # running | stopped | finished | diverged, as the checkpoint says
     checkpoint_step: int = 0
+    live: bool = False  # a process holds runs/<run>/.lock: it trains now (run_utils.run_is_live)
     stats: dict[str, np.ndarray] = field(default_factory=dict)  # STAT_TAGS tag -> (n, 2) array of (step, value)
 
     @property
@@ -134,6 +144,8 @@ class Run:
         if self.checkpoint_status == "diverged":  # NaN or infinite weights; the checkpoint holds the last finite ones
             kept = f"NaN or infinite weights; its checkpoint keeps step {self.checkpoint_step:,}"
             return f"diverged at {at} ({kept})" if long else f"diverged ({at})"
+        if self.live:  # its process holds the run folder's lock, whatever its checkpoint or its last event says
+            return f"running ({at})"
         if self.checkpoint_status is None and total and self.last_step + self.iteration_steps > max(total - 1, 0):
             return "done"  # no checkpoint to ask: it reached its last whole iteration
         if now - self.last_event < recent_s:
@@ -145,20 +157,19 @@ class Run:
 
 
 def read_checkpoint(run: Run) -> None:
-    """Status, step and total from runs/<run_name>/checkpoint.pt; torch is imported only when there is one."""
+    """Status, step and total from runs/<run_name>/checkpoint.pt, read as data only (``run_utils.read_checkpoint``:
+    a pickle that would run code is refused); torch is imported only when there is one."""
     path = os.path.join(run.path, "checkpoint.pt")
     if not os.path.isfile(path):
         return
     run.checkpoint = path
     try:
-        import torch
-
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - an unreadable checkpoint leaves the status to the events
-        print(f"warning: could not read {path} ({type(exc).__name__}); status from the event files", file=sys.stderr)
+        ckpt = run_utils.read_checkpoint(path)
+    except (OSError, run_utils.CheckpointError) as exc:  # an unreadable checkpoint leaves the status to the events
+        print(f"warning: {exc}; status from the event files", file=sys.stderr)
         return
     status = ckpt.get("status")
-    run.checkpoint_status = status if status in ("running", "stopped", "finished", "diverged") else None
+    run.checkpoint_status = status if status in run_utils.CHECKPOINT_STATUSES else None
     run.checkpoint_step = int(ckpt.get("global_step") or 0)
     total = (ckpt.get("args") or {}).get("total_timesteps")
     if isinstance(total, int) and total > 0:
@@ -208,6 +219,11 @@ def segment_device(scalars: dict, texts: dict[str, str]) -> str:
     return "not logged"
 
 
+def first_step(scalars: dict[str, list[tuple[int, float, float]]]) -> int:
+    """The step an event file starts at: the fresh start's 0, or the step of the checkpoint it resumed from."""
+    return min(e[0] for events in scalars.values() for e in events)
+
+
 def load_run(path: str) -> Run | None:
     name = os.path.basename(os.path.normpath(path))
     parsed = parse_run_name(name)
@@ -220,8 +236,10 @@ def load_run(path: str) -> Run | None:
         scalars, texts = read_event_file(os.path.join(path, name))
         if scalars:  # a process that died before its first log leaves an empty file
             parts.append((name, scalars, texts))
-    parts.sort(key=lambda part: min(e[1] for events in part[1].values() for e in events))  # in the order they ran
-    starts = [min(e[0] for events in scalars.values() for e in events) for _, scalars, _ in parts]
+    # in the order they ran: a resumed process starts at its checkpoint's step, so steps give the order; wall clocks
+    # only break ties, as two machines' clocks may disagree by hours
+    parts.sort(key=lambda part: (first_step(part[1]), min(e[1] for events in part[1].values() for e in events)))
+    starts = [first_step(scalars) for _, scalars, _ in parts]
     returns, sps_all, sps_device, stats = [], [], {}, {}
     for i, (name, scalars, texts) in enumerate(parts):
         # the next segment resumed from a checkpoint at its start step: what this one logged after that was lost
@@ -261,6 +279,7 @@ def load_run(path: str) -> Run | None:
     run.last_step = max((seg.last_step for seg in run.segments), default=0)
     run.wall_time = sum(seg.wall_time for seg in run.segments)  # not the hours between a stop and its resume
     read_checkpoint(run)
+    run.live = run_utils.run_is_live(path)
     return run
 
 

@@ -10,7 +10,8 @@ directory ``runs/<run_id>__<unix time>`` (:func:`parse_run_name` reads one back;
 
 Local sweeps: run i gets session i (``--session i``); the script's gpu_utils.select_device puts it on GPU
 ``gpu_utils.rotate(i, CUDA_OFFSET, n_gpus)``, and this engine computes the same GPU to keep at most JOBS_PER_GPU runs
-on each GPU at once (one queue per GPU; without GPUs one queue of JOBS). Slot s of the C = lanes x slots slots gets
+on each GPU at once (one queue per GPU; without GPUs one queue of JOBS). ``-- --gpu N`` puts every run on GPU N (one
+queue of JOBS_PER_GPU), ``-- --gpu false`` on the CPU (:func:`gpu_choice`). Slot s of the C = lanes x slots slots gets
 CPU group s of ``gpu_utils.split_cpus(sweep CPUs, C)`` (or windows of --cpus-per-run CPUs), runs there with
 OMP_NUM_THREADS = MKL_NUM_THREADS = its CPUs, pinned with ``taskset -c`` where taskset works.
 
@@ -18,10 +19,14 @@ SLURM (--slurm): one sbatch script, a job array with task i = run i, and a JSON 
 task line is ``python benchmark/sweep.py task SPEC $SLURM_ARRAY_TASK_ID``, so resume/skip and signal forwarding are
 the code below in both modes.
 
---resume-existing (:func:`decide_resume`): the newest ``runs/<run_id>__*`` with a checkpoint.pt decides: finished ->
-skip, running/stopped -> continue with ``--resume``, none -> start fresh, unreadable -> the run fails with why.
+--resume-existing (:func:`decide_resume`): a run whose process still trains (it holds ``runs/<run>/.lock``) is left
+alone (live); else the newest ``runs/<run_id>__*`` with a checkpoint.pt decides: finished -> skip, running/stopped ->
+continue with ``--resume``, none -> start fresh, unreadable (or holding more than data:
+``run_utils.read_checkpoint``) -> the run fails with why.
 SIGTERM/SIGINT to the engine: every started run gets SIGTERM (it finishes its iteration, writes checkpoint.pt and
-exits), no further run starts, and the engine waits for them; the summary says what stopped.
+exits), no further run starts, and the engine waits for them; the summary says what stopped. A run that gets it while
+it starts (before the script's handler exists) dies with rc 143 and no new checkpoint: stopped before its first
+checkpoint, not failed (:func:`early_stop_note`).
 """
 
 from __future__ import annotations
@@ -38,24 +43,31 @@ import socket
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # gpu_utils.py lives in the repo root, next to the training scripts
+if REPO_ROOT not in sys.path:  # gpu_utils.py and run_utils.py live in the repo root, next to the training scripts
     sys.path.insert(0, REPO_ROOT)
 
 import gpu_utils  # noqa: E402
+import run_utils  # noqa: E402
 
 RUN_NAME_RE = re.compile(r"^(?P<env>.+?)__(?P<exp>.+)__(?P<seed>-?\d+)__(?P<ts>\d+)$")
-CHECKPOINT_STATUSES = ("running", "stopped", "finished", "diverged")
 GRIDS = ("ppo_atari", "ppo_continuous", "dqn_snake")
 ATARI_GAMES = "Breakout Pong Qbert MsPacman Seaquest SpaceInvaders BeamRider Enduro"
 MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedPendulum-v5"
 MUJOCO_MORE = "Swimmer-v5 Reacher-v5 Pusher-v5 InvertedDoublePendulum-v5 HumanoidStandup-v5"
 PRESETS = ("default", "fast", "heavy", "beast")
-SLURM_VALUE_RE = re.compile(r"^[A-Za-z0-9._:,+=@-]*$")
-SLURM_PATH_RE = re.compile(r"^[A-Za-z0-9._/+=:@,-]+$")
+SLURM_VALUE_RE = re.compile(r"[A-Za-z0-9._:,+=@-]*")  # with fullmatch: "$" would let a last newline through
+SLURM_PATH_RE = re.compile(r"[A-Za-z0-9._/+=:@,-]+")
+LIST_OPTIONS = ("--games", "--envs", "--presets", "--sizes", "--num-envs", "--seeds")  # white space separates items
+# the variables a sweep reads: their text reaches run names, commands, logs and the sbatch script
+SWEEP_VARIABLES = ("GAMES", "ENVS", "PRESETS", "SIZES", "NUM_ENVS", "SEEDS", "GAE_LAMBDA", "CPUS_PER_RUN", "LOG_DIR")
+SWEEP_VARIABLES += ("JOBS_PER_GPU", "JOBS", "SWEEP_CPUS", "NUM_GPUS", "CUDA_OFFSET", "PYTHON", "LAMBDA_CSV")
+LIST_VARIABLES = ("GAMES", "ENVS", "PRESETS", "SIZES", "NUM_ENVS", "SEEDS")
+SPLIT_IN_TWO = "which would split a command line (or a line of the sbatch script) in two; remove it"
 
 
 class SweepError(ValueError):
@@ -72,6 +84,35 @@ def say(text: str) -> None:
 
 def stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def control_character(text: str, separators: bool = False) -> str | None:
+    """The first control character of ``text`` (a newline, a carriage return, an escape...), or None; with
+    ``separators`` (a list of items), white space such as a newline between two games is allowed."""
+    for c in text:
+        if unicodedata.category(c) == "Cc" and not (separators and c.isspace()):
+            return c
+    return None
+
+
+def refuse_control_characters(
+    options: Sequence[str], passthrough: Sequence[str], sbatch_args: Sequence[str] | None, track: bool
+) -> None:
+    """What a user gives becomes run names, command lines, log lines and lines of the sbatch script, where a newline
+    would start a command of its own: a SweepError naming the first argument or variable with a control character."""
+    for words, where in ((options, ""), (passthrough, " after --"), (sbatch_args or [], " after --sbatch-args")):
+        for prev, word in zip([None, *words], words):
+            flag = word.split("=", 1)[0] if word.startswith("--") else prev if prev and prev.startswith("-") else None
+            c = control_character(word, separators=not where and flag in LIST_OPTIONS)
+            if c is not None:
+                name = f"{flag}{where}" if flag and not control_character(flag) else f"argument{where}"
+                raise SweepError(f"{name} {word!r} holds a control character ({c!r}), {SPLIT_IN_TWO}")
+    variables = SWEEP_VARIABLES + (("WANDB_PROJECT_NAME", "WANDB_ENTITY") if track else ())
+    for var in variables:
+        value = os.environ.get(var, "")
+        c = control_character(value, separators=var in LIST_VARIABLES)
+        if c is not None:
+            raise SweepError(f"{var} {value!r} holds a control character ({c!r}), {SPLIT_IN_TWO}")
 
 
 # ---------------------------------------------------------------- run ids
@@ -108,30 +149,24 @@ def run_dirs(runs_dir: str, rid: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Decision:
-    """What --resume-existing does with one run: action is fresh, resume, skip or error."""
+    """What --resume-existing does with one run: action is fresh, resume, skip, live (its process trains now) or
+    error."""
 
     action: str
     checkpoint: str | None
     note: str
 
 
-def read_checkpoint(path: str) -> dict:
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # an old (non-zip) file cannot be memory-mapped
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(ckpt, dict) or "args" not in ckpt:
-        raise ValueError("not a training checkpoint (no args)")
-    return ckpt
-
-
 def decide_resume(runs_dir: str, rid: str) -> Decision:
-    """The newest ``<runs_dir>/<rid>__*`` holding a checkpoint.pt decides: finished or diverged -> skip,
-    running/stopped (or an unknown status) -> resume from it, none -> fresh, unreadable -> error (never a silent fresh
-    start)."""
+    """A run whose process still trains in one of its ``<runs_dir>/<rid>__*`` folders (``run_utils.run_is_live``) is
+    live: neither a second writer in its folder nor a second copy of it. Else the newest folder holding a checkpoint.pt
+    decides: finished or diverged -> skip, running/stopped (or an unknown status) -> resume from it, none -> fresh,
+    unreadable -> error (never a silent fresh start)."""
     dirs = run_dirs(runs_dir, rid)
+    live = [d for d in dirs if run_utils.run_is_live(d)]
+    if live:  # e.g. an array resubmitted while its old tasks run, or a sweep started twice
+        holder = os.path.join(live[0], run_utils.RUN_LOCK)
+        return Decision("live", None, f"{live[0]} is training now (its process holds {holder}); not started twice")
     without = [d for d in dirs if not os.path.isfile(os.path.join(d, "checkpoint.pt"))]
     with_ckpt = [d for d in dirs if d not in without]
     if not with_ckpt:
@@ -140,11 +175,10 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
             text += f" ({len(without)} run dir(s) without one, e.g. {without[0]})"
         return Decision("fresh", None, text)
     path = os.path.join(with_ckpt[0], "checkpoint.pt")
-    try:
-        ckpt = read_checkpoint(path)
-    except Exception as exc:  # any unreadable file gets the same one-line answer
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return Decision("error", path, f"cannot read {path} ({type(exc).__name__}: {first}); move it away or fix it")
+    try:  # as data only, as the scripts read it: a file they would refuse is never resumed
+        ckpt = run_utils.read_checkpoint(path)
+    except (OSError, run_utils.CheckpointError) as exc:  # the reader's message is one line
+        return Decision("error", path, f"{exc}; move it away to start the run afresh")
     status = ckpt.get("status")
     step = ckpt.get("global_step")
     total = (ckpt.get("args") or {}).get("total_timesteps")
@@ -157,7 +191,7 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
     if status == "diverged":  # NaN or infinite weights after this checkpoint: the same settings would repeat it
         again = "not resumed, it would likely diverge again; start it anew with other settings"
         return Decision("skip", path, f"diverged after its checkpoint at {where} ({again}): {path}{others}")
-    if status not in CHECKPOINT_STATUSES:
+    if status not in run_utils.CHECKPOINT_STATUSES:
         return Decision("resume", path, f"checkpoint without a known status ({status!r}) at {where}: {path}{others}")
     return Decision("resume", path, f"{status} at {where}: {path}{others}")
 
@@ -350,9 +384,32 @@ def detect_gpus(environ: dict[str, str]) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def device_of(session: int, n_gpus: int, cuda_offset: int) -> str:
-    """Where run ``session`` trains: "cuda:<gpu_utils.rotate(...)>" or "cpu"."""
+def device_of(session: int, n_gpus: int, cuda_offset: int, fixed_gpu: int | None = None) -> str:
+    """Where run ``session`` trains: "cuda:<fixed_gpu>", "cuda:<gpu_utils.rotate(...)>" or "cpu"."""
+    if fixed_gpu is not None:
+        return f"cuda:{fixed_gpu}"
     return f"cuda:{gpu_utils.rotate(session, cuda_offset, n_gpus)}" if n_gpus else "cpu"
+
+
+def gpu_choice(text: str | None, n_gpus: int) -> tuple[int, int | None]:
+    """(GPUs the runs use, the one GPU every run takes or None) for the ``--gpu`` given after -- (None: not given),
+    read as gpu_utils.select_device reads it: auto/true rotate over the ``n_gpus``, false/cpu puts every run on the
+    CPU, N or cuda:N every run on GPU N."""
+    word = (text or "auto").strip().lower()
+    if word in ("auto", "true", "cuda", "gpu", "yes"):
+        return n_gpus, None
+    if word in ("false", "cpu", "no"):
+        return 0, None
+    index = word.removeprefix("cuda:")
+    if not re.fullmatch(r"[0-9]+", index):
+        raise SweepError(f"--gpu {text!r} after -- is not understood; use auto, true, false, a GPU index N or cuda:N")
+    if int(index) >= n_gpus:
+        have = f"{n_gpus} GPUs (0..{n_gpus - 1})" if n_gpus > 1 else "GPU 0 only" if n_gpus else "no GPU"
+        raise SweepError(
+            f"--gpu {text} after -- asks for GPU {index} but the sweep sees {have} (NUM_GPUS, else "
+            "CUDA_VISIBLE_DEVICES); name a GPU it sees, or leave --gpu out"
+        )
+    return n_gpus, int(index)
 
 
 def slot_cpus(cpus: Sequence[int], slots: int, per_run: int | None = None) -> list[list[int]]:
@@ -412,6 +469,17 @@ def log_name(index: int, label: str) -> str:
 
 
 # ---------------------------------------------------------------- running runs and forwarding signals
+
+
+SIGTERM_RC = 128 + signal.SIGTERM  # a process that SIGTERM killed, as a shell reports it
+
+
+def early_stop_note(resume: str | None) -> str:
+    """What a run that SIGTERM killed while it started (rc 143: the scripts handle the signal only once they train)
+    left, and what --resume-existing does with it: no checkpoint of this process, so afresh, or its old one again."""
+    if resume:
+        return f"stopped before its first checkpoint; {resume} is as it was and --resume-existing continues from it"
+    return "stopped before its first checkpoint; --resume-existing starts it afresh"
 
 
 class Stopper:
@@ -478,6 +546,9 @@ def run_local(
         if d and d.action == "skip":
             result[i] = "skipped"
             say(f"[sweep] skip   [session {i}] {run.label}: {d.note}")
+        elif d and d.action == "live":
+            result[i] = "live"
+            say(f"[sweep] live   [session {i}] {run.label}: {d.note}")
         elif d and d.action == "error":
             with open(logs[i], "w") as f:
                 f.write(f"error: --resume-existing: {d.note}\n")
@@ -496,7 +567,7 @@ def run_local(
         for g, queue in queues.items():
             for slot in lane_slots[g]:
                 if slot.proc is not None and slot.proc.poll() is not None:
-                    finish(slot, runs, logs, result, stopper.stopping)
+                    finish(slot, runs, logs, result, stopper.stopping, flag_value(commands[slot.session], "--resume"))
                     slot.proc = None
                 if slot.proc is None and queue and not stopper.stopping:
                     i = queue.pop(0)
@@ -533,7 +604,10 @@ def run_local(
     return summarize(name, runs, devices, logs, result, time.time() - start_s, stopper.stopping, log_dir)
 
 
-def finish(slot: Slot, runs: Sequence[Run], logs: Sequence[str], result: dict[int, str], stopping: bool) -> None:
+def finish(
+    slot: Slot, runs: Sequence[Run], logs: Sequence[str], result: dict[int, str], stopping: bool, resume: str | None
+) -> None:
+    """Record how the run in ``slot`` ended (``resume``: the checkpoint it started from, if any)."""
     i, rc = slot.session, slot.proc.returncode
     if rc < 0:  # killed by a signal: the shell's convention
         rc = 128 - rc
@@ -541,6 +615,9 @@ def finish(slot: Slot, runs: Sequence[Run], logs: Sequence[str], result: dict[in
     if stopping and rc == 0:
         result[i] = "stopped"
         say(f"[sweep] stopped       {base}: checkpoint written; continue with --resume-existing")
+    elif stopping and rc == SIGTERM_RC:  # our SIGTERM came while it started, before the script could handle it
+        result[i] = "stopped early"
+        say(f"[sweep] stopped       {base}: {early_stop_note(resume)}")
     else:
         result[i] = str(rc)
         say(f"[sweep] done   (rc=0) {base}" if rc == 0 else f"[sweep] FAILED (rc={rc}) {base}: see {logs[i]}")
@@ -556,7 +633,7 @@ def summarize(
     interrupted: bool,
     log_dir: str,
 ) -> int:
-    counts = {"ok": 0, "failed": 0, "stopped": 0, "not started": 0, "skipped": 0}
+    counts = {"ok": 0, "failed": 0, "stopped": 0, "not started": 0, "skipped": 0, "live": 0}
     lines = [f"sweep {name}: {len(runs)} runs, {seconds:.0f} s"]
     for i, run in enumerate(runs):
         rc = result.get(i, "not-run")
@@ -564,9 +641,15 @@ def summarize(
             counts["ok"] += 1
         elif rc == "skipped":
             counts["skipped"] += 1
+        elif rc == "live":
+            counts["live"] += 1
+            lines.append(f"live [session {i}] {run.label}: training in another process, left alone")
         elif rc == "stopped":
             counts["stopped"] += 1
             lines.append(f"stopped [session {i}] {run.label}: {logs[i]}")
+        elif rc == "stopped early":
+            counts["stopped"] += 1
+            lines.append(f"stopped before its first checkpoint [session {i}] {run.label}: {logs[i]}")
         elif rc == "not-run":
             counts["not started"] += 1
             lines.append(f"not started [session {i}] {run.label}")
@@ -579,11 +662,13 @@ def summarize(
             total += f", {counts[key]} {key}"
     if counts["skipped"]:
         total += f", {counts['skipped']} skipped (finished or diverged before)"
+    if counts["live"]:
+        total += f", {counts['live']} live (training in another process)"
     lines.append(total)
     if interrupted:
         lines.append(
             "interrupted: stopped runs wrote runs/<run>/checkpoint.pt; run the same command with --resume-existing "
-            "to continue them and start the rest"
+            "to continue them and start the rest (afresh for those stopped before their first checkpoint)"
         )
     summary = os.path.join(log_dir, "summary.txt")
     with open(summary, "w") as f:
@@ -613,9 +698,16 @@ def slurm_spec(name: str, runs: Sequence[Run], python: str, tail: Sequence[str],
     }
 
 
+def comment(text: str) -> str:
+    """``# text`` as one line of a shell script: control characters are written as escapes (``\\n``), so no text
+    a user gave can end the comment and start a command."""
+    return "# " + "".join(c.encode("unicode_escape").decode() if control_character(c) else c for c in text)
+
+
 def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | None], engine_python: str) -> str:
     """The job array's sbatch script: #SBATCH lines, the runs as comments, and one task line that calls this
-    engine (``sweep.py task SPEC $SLURM_ARRAY_TASK_ID``)."""
+    engine (``sweep.py task SPEC $SLURM_ARRAY_TASK_ID``). What a user gave is checked (``check_slurm_options``),
+    quoted, or inside a comment."""
     n = len(spec["runs"])
     log_dir = spec["log_dir"]
     array = f"0-{n - 1}" + (f"%{opts['max_parallel']}" if opts.get("max_parallel") else "")
@@ -639,12 +731,14 @@ def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | N
         "# RESUME_EXISTING=1 (--resume-existing): a task first looks for its run's newest checkpoint and skips",
         "# (finished) or continues (--resume) it, else starts fresh; to continue a stopped sweep, run the sweep",
         "# command again with --resume-existing, or: RESUME_EXISTING=1 sbatch THIS_FILE",
-        f"# RESUME_EXISTING defaults to {int(spec['resume_existing'])} here; every run also gets: "
-        f"{shlex.join(spec['tail'])}",
+        comment(
+            f"RESUME_EXISTING defaults to {int(spec['resume_existing'])} here; every run also gets: "
+            f"{shlex.join(spec['tail'])}"
+        ),
         "#",
     ]
     for i, run in enumerate(spec["runs"]):
-        lines.append(f"# task {i}: {run['label']}: {shlex.join(run['args'])}")
+        lines.append(comment(f"task {i}: {run['label']}: {shlex.join(run['args'])}"))
     lines += [
         "set -u",
         f"cd {shlex.quote(spec['repo'])} || exit 2",
@@ -656,12 +750,12 @@ def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | N
 
 def check_slurm_options(opts: dict[str, str | None], log_dir: str) -> None:
     for path in (log_dir, REPO_ROOT):
-        if not SLURM_PATH_RE.match(path):
+        if not SLURM_PATH_RE.fullmatch(path):
             raise SweepError(
                 f"--slurm needs paths without spaces, % or quotes (SLURM's --output); '{path}' has some: pass --log-dir"
             )
     for key in ("partition", "time", "mem", "account"):
-        if opts.get(key) and not SLURM_VALUE_RE.match(opts[key]):
+        if opts.get(key) and not SLURM_VALUE_RE.fullmatch(opts[key]):
             raise SweepError(f"SLURM option value '{opts[key]}' has spaces or odd characters")
     gpus = opts.get("gpus_per_run")
     if gpus and not gpus.isdigit():
@@ -765,8 +859,8 @@ def run_task(spec_path: str, index_text: str) -> int:
     resume = None
     if os.environ.get("RESUME_EXISTING", "1" if spec["resume_existing"] else "0") == "1":
         d = decide_resume("runs", run.run_id)
-        if d.action == "skip":
-            say(f"[sweep] skip: {d.note}")
+        if d.action in ("skip", "live"):
+            say(f"[sweep] {d.action}: {d.note}")
             return 0
         if d.action == "error":
             say(f"[sweep] FAILED: --resume-existing: {d.note}")
@@ -787,7 +881,10 @@ def run_task(spec_path: str, index_text: str) -> int:
             f"# {stamp()} stopped by SIGTERM with its checkpoint written; resubmit the sweep with --resume-existing "
             "to continue"
         )
-        return 143
+        return SIGTERM_RC
+    if stopper.stopping and rc == SIGTERM_RC:  # the SIGTERM came while it started, before the script could handle it
+        say(f"# {stamp()} stopped by SIGTERM while it started: {early_stop_note(resume)}")
+        return SIGTERM_RC
     say(f"# {stamp()} exit code {rc}")
     return rc
 
@@ -856,7 +953,8 @@ def build_parser(grid: str) -> Parser:
         "--resume-existing",
         action="store_true",
         help="skip runs whose newest run dir has a finished checkpoint, continue (--resume) running/stopped "
-        "ones, start the others; under --slurm each task decides when it starts",
+        "ones, leave runs still training (live) alone, start the others; under --slurm each task decides when it "
+        "starts",
     )
     c.add_argument(
         "--cpus-per-run",
@@ -949,6 +1047,7 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
     if unknown:
         raise SweepError(f"unknown option '{unknown[0]}' (see --help; arguments for the training script go after --)")
     a.sbatch_args = sbatch_args
+    refuse_control_characters(options, passthrough, sbatch_args, a.track)
     given_local = [k for k in LOCAL_ONLY if getattr(a, k) is not None]
     given_slurm = [k for k in SLURM_ONLY if getattr(a, k) is not None]
     if a.slurm and given_local:
@@ -966,6 +1065,11 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         raise SweepError('--seed after -- would give every run the same seed; use --seeds "1 2 3"')
     if has_flag(passthrough, "--resume"):
         raise SweepError("--resume after -- would make every run continue one checkpoint; use --resume-existing")
+    if has_flag(passthrough, "--session"):
+        raise SweepError(
+            "--session after -- would give every run the same session (and GPU); the sweep numbers its runs itself: "
+            "shift them with CUDA_OFFSET, or put them all on one GPU with -- --gpu N"
+        )
     runs = build_runs(grid, a, parse_seeds(a.seeds), passthrough)
     if not runs:
         raise SweepError("nothing to run (empty list of envs, seeds or settings)")
@@ -988,16 +1092,21 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         opts["resume_existing"] = a.resume_existing
         return submit_slurm(grid, runs, abs_python(python), track + passthrough, opts, log_dir, a.dry_run)
 
-    offset_text = os.environ.get("CUDA_OFFSET", "")
-    if offset_text and not offset_text.isdigit():
-        raise SweepError(f"CUDA_OFFSET must be a non-negative integer, got '{offset_text}'")
+    # the plan follows what the runs will do: their --cuda-offset and --gpu after --, else CUDA_OFFSET and rotation
+    offset_source = "--cuda-offset" if has_flag(passthrough, "--cuda-offset") else "CUDA_OFFSET"
+    offset_text = flag_value(passthrough, "--cuda-offset") or os.environ.get("CUDA_OFFSET", "")
+    if offset_text and not re.fullmatch(r"[0-9]+", offset_text):
+        raise SweepError(f"{offset_source} must be a non-negative integer, got '{offset_text}'")
     offset = int(offset_text or 0)
-    n_gpus = detect_gpus(dict(os.environ))
-    if flag_value(passthrough, "--gpu") == "false":
-        n_gpus = 0
+    n_gpus, fixed_gpu = gpu_choice(flag_value(passthrough, "--gpu"), detect_gpus(dict(os.environ)))
     tail = ["--cuda-offset", offset_text] if offset_text and not has_flag(passthrough, "--cuda-offset") else []
     tail += track + passthrough
-    lanes, slots = (n_gpus, jobs_per_gpu) if n_gpus else (1, jobs)
+    if fixed_gpu is not None:  # one queue, on the GPU that --gpu N names
+        lanes, slots = 1, jobs_per_gpu
+    elif n_gpus:  # one queue per GPU
+        lanes, slots = n_gpus, jobs_per_gpu
+    else:
+        lanes, slots = 1, jobs
     concurrency = lanes * slots
 
     allowed = gpu_utils.allowed_cpus()
@@ -1034,16 +1143,18 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         decisions = [decide_resume(os.path.join(REPO_ROOT, "runs"), run.run_id) for run in runs]
         decisions = [relative_decision(d) for d in decisions]
     commands, devices, lanes_of = [], [], []
+    rotating = n_gpus > 0 and fixed_gpu is None
     for i, run in enumerate(runs):
         d = decisions[i]
         commands.append(run_command(python, run, i, tail, d.checkpoint if d and d.action == "resume" else None))
-        devices.append(device_of(i, n_gpus, offset))
-        skipped = d is not None and d.action in ("skip", "error")
-        lanes_of.append(-1 if skipped else (gpu_utils.rotate(i, offset, n_gpus) if n_gpus else 0))
+        devices.append(device_of(i, n_gpus, offset, fixed_gpu))
+        skipped = d is not None and d.action in ("skip", "live", "error")
+        lanes_of.append(-1 if skipped else (gpu_utils.rotate(i, offset, n_gpus) if rotating else 0))
 
     per_gpu = f"jobs_per_gpu={jobs_per_gpu}" if n_gpus else f"jobs={jobs}"
+    gpus = f"gpus={n_gpus}" + (f" (every run on cuda:{fixed_gpu}: --gpu after --)" if fixed_gpu is not None else "")
     say(
-        f"[sweep] {grid}: {len(runs)} runs, gpus={n_gpus} cuda_offset={offset} {per_gpu} -> up to {concurrency} at "
+        f"[sweep] {grid}: {len(runs)} runs, {gpus} cuda_offset={offset} {per_gpu} -> up to {concurrency} at "
         f"once; cwd {REPO_ROOT}"
     )
     pin_note = "pinned with taskset" if pin else "not pinned (taskset is missing or does not work here)"
@@ -1055,7 +1166,7 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
         slot_of = planned_slots(lanes_of, slots)
         for i, run in enumerate(runs):
             d = decisions[i]
-            if d and d.action in ("skip", "error"):
+            if d and d.action in ("skip", "live", "error"):
                 say(f"[{d.action} {i}] {run.label}: {d.note}")
                 continue
             if d and d.action == "resume":
@@ -1070,11 +1181,9 @@ def sweep_main(grid: str, argv: Sequence[str]) -> int:
 
 
 def relative_decision(d: Decision) -> Decision:
-    """The checkpoint path relative to the repo root (where the runs start), as users read it."""
-    if not d.checkpoint:
-        return d
-    rel = os.path.relpath(d.checkpoint, REPO_ROOT)
-    return Decision(d.action, rel, d.note.replace(d.checkpoint, rel))
+    """Paths relative to the repo root (where the runs start), as users read them."""
+    checkpoint = os.path.relpath(d.checkpoint, REPO_ROOT) if d.checkpoint else None
+    return Decision(d.action, checkpoint, d.note.replace(os.path.join(REPO_ROOT, ""), ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,7 +63,7 @@ def test_gpu_check_refuses_an_unknown_step():
 # The atari step writes into <repo>/runs/, so these tests run a throwaway copy of the scripts (the scripts find the
 # repo root from their own location); nothing here trains or signals a process it did not start.
 SCRIPTS = ["dev/gpu_check.sh", "benchmark/ppo_atari.sh", "benchmark/sweep.py", "benchmark/atari_lambdas.csv"]
-SCRIPTS += ["gpu_utils.py"]  # the sweep engine imports it
+SCRIPTS += ["gpu_utils.py", "run_utils.py"]  # the sweep engine imports them
 BREAKOUT_RUN = "ALE_Breakout-v5__ppo_atari__1__123"
 PONG_RUN = "ALE_Pong-v5__ppo_atari__1__50"
 
@@ -90,7 +90,7 @@ def test_gpu_check_atari_dry_run_seeds_runs_and_shows_what_resumes(tmp_path):
     repo, logs = _repo_copy(tmp_path), tmp_path / "logs"
     committed = repo / "benchmark" / "results" / "atari_gpu" / "runs"
     (committed / BREAKOUT_RUN).mkdir(parents=True)
-    ckpt = {"args": {"total_timesteps": 10_000_000}, "status": "stopped", "global_step": 2_150_400, "iteration": 1050}
+    ckpt = {"model": {}, "args": {"total_timesteps": 10_000_000}, "status": "stopped", "global_step": 2_150_400}
     torch.save(ckpt, committed / BREAKOUT_RUN / "checkpoint.pt")
     (committed / BREAKOUT_RUN / "events.out.tfevents.1").write_text("events")
     (committed / PONG_RUN).mkdir()

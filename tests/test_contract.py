@@ -15,6 +15,8 @@ import pytest
 import torch
 from helpers import assert_one_line_error, at_update_prefix, oom_prefix
 
+import run_utils
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # the smallest CPU budget each script's own tests use, one run that saves a model and a checkpoint
@@ -90,7 +92,7 @@ def test_settings_shared_by_every_script_are_checked_the_same_way(script, flag, 
 def test_eval_saved_model_and_checkpoint(script, finished, tmp_path):
     run_dir = finished(script)
     for path in [run_dir / f"{script}.model", run_dir / "checkpoint.pt"]:
-        assert torch.load(path, weights_only=False)["script"] == script  # each file names the script that wrote it
+        assert run_utils.read_checkpoint(path)["script"] == script  # each file names the script that wrote it
         res = run(script, ["--eval-checkpoint", path, "--eval-episodes", "2"], tmp_path)
         assert res.returncode == 0, res.stderr[-2000:]
         assert f"eval {EVAL[script]}: mean return" in res.stdout and "+-" in res.stdout, res.stdout
@@ -130,7 +132,7 @@ def test_sigterm_checkpoint_then_resume_reaches_total(script, tmp_path):
     assert proc.wait(timeout=120) == 0, out[-2000:]
     assert "stopping on SIGTERM" in out, out[-2000:]
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
-    ckpt = torch.load(ckpt_path, weights_only=False)
+    ckpt = run_utils.read_checkpoint(ckpt_path)
     stopped = ckpt["global_step"]
     assert ckpt["status"] == "stopped" and 0 < stopped < 10000000
     assert f"continue with: python {ROOT / script}.py --resume runs/{ckpt['run_name']}/checkpoint.pt" in out, out
@@ -142,7 +144,7 @@ def test_sigterm_checkpoint_then_resume_reaches_total(script, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"at step {stopped}" in res.stdout and f"step {total}, SPS" in res.stdout, res.stdout
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
-    assert torch.load(ckpt_path, weights_only=False)["status"] == "finished"
+    assert run_utils.read_checkpoint(ckpt_path)["status"] == "finished"
     acc = EventAccumulator(str(Path(ckpt_path).parent))
     acc.Reload()
     steps = [e.step for e in acc.Scalars("charts/learning_rate")]  # logged every iteration in both legs
@@ -196,7 +198,7 @@ def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(script, finis
     """Before: the run went on to its end with NaN weights, saved them over the last good checkpoint, and exited 0."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ckpt = torch.load(finished(script) / "checkpoint.pt", weights_only=False)
+    ckpt = run_utils.read_checkpoint(finished(script) / "checkpoint.pt")
     assert all_finite(ckpt["model"])
     ckpt["args"]["learning_rate"] = float(BLOWUP)  # what a run started with --learning-rate 1e12 would hold
     ckpt["optimizer"]["param_groups"][0]["lr"] = float(BLOWUP)
@@ -211,7 +213,7 @@ def test_a_diverged_run_stops_and_keeps_its_last_finite_checkpoint(script, finis
     assert f"runs/{ckpt['run_name']}/checkpoint.pt keeps the last finite ones" in error
     assert "lower --learning-rate" in error and "Traceback" not in res.stderr
     diverged_by = int(error.split("diverged by step ")[1].split()[0])
-    kept = torch.load(ckpt_path, weights_only=False)  # written before the divergence, never after
+    kept = run_utils.read_checkpoint(ckpt_path)  # written before the divergence, never after
     assert ckpt["global_step"] <= kept["global_step"] < diverged_by and all_finite(kept["model"])
     assert kept["status"] == "diverged"  # so that a report or a sweep's --resume-existing can tell
     assert not (ckpt_path.parent / f"{script}.model").exists()
@@ -240,7 +242,7 @@ def test_a_run_that_diverges_before_its_first_checkpoint_says_so(script, device,
 def test_resuming_a_finished_run_does_nothing(script, finished, tmp_path):
     """Before: it built the envs and network, added an empty event file (an empty segment in the report) and said
     'done ... 0 SPS'."""
-    ckpt = torch.load(finished(script) / "checkpoint.pt", weights_only=False)
+    ckpt = run_utils.read_checkpoint(finished(script) / "checkpoint.pt")
     run_dir = tmp_path / "runs" / ckpt["run_name"]
     run_dir.mkdir(parents=True)
     torch.save(ckpt, run_dir / "checkpoint.pt")

@@ -13,6 +13,8 @@ import pytest
 import torch
 from helpers import assert_micro_batches_match
 
+import run_utils
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "dqn_snake_vec.py")
 sys.path.insert(0, ROOT)
@@ -508,7 +510,7 @@ def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
     assert proc.returncode == 0, "".join(lines) + out
     assert "stopping on SIGTERM" in out
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
-    ckpt = torch.load(ckpt_path, weights_only=False)
+    ckpt = run_utils.read_checkpoint(ckpt_path)
     k = ckpt["iteration"]
     assert k >= 6 and ckpt["global_step"] == 32 * k and ckpt["status"] == "stopped"
     assert f"--resume runs/{ckpt['run_name']}/checkpoint.pt" in out
@@ -518,7 +520,7 @@ def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"at step {32 * k}" in res.stdout and f"step {32 * (k + 4)}, SPS" in res.stdout
     assert re.search(r"learning_rate\s+0.0005\s+\(checkpoint\)", res.stdout)
-    final = torch.load(ckpt_path, weights_only=False)
+    final = run_utils.read_checkpoint(ckpt_path)
     assert final["iteration"] == k + 4 and final["status"] == "finished"
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
 

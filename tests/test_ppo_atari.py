@@ -152,7 +152,7 @@ def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
     assert proc.returncode == 0, stderr
     assert "stopping on SIGTERM" in stdout
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
-    ckpt = torch.load(ckpt_path, weights_only=False)
+    ckpt = run_utils.read_checkpoint(ckpt_path)
     assert ckpt["global_step"] < total and set(ckpt["rng"][0]) == {"torch", "cuda"}  # one entry per process
     assert ckpt["status"] == "stopped" and f"--resume runs/{ckpt['run_name']}/checkpoint.pt" in stdout
     out = run(["--resume", ckpt_path, "--no-progress-bar"], tmp_path)
@@ -161,7 +161,7 @@ def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # same run dir
     steps = [s for s, _ in scalars(Path(ckpt_path).parent)["charts/learning_rate"]]
     assert steps[-1] == total and len(set(steps)) == 60
-    assert torch.load(ckpt_path, weights_only=False)["status"] == "finished"
+    assert run_utils.read_checkpoint(ckpt_path)["status"] == "finished"
     # one event file per process, each naming the machine it ran on (a resume may run elsewhere)
     events = sorted(glob.glob(str(Path(ckpt_path).parent / "events.out.tfevents*")))
     assert len(events) == 2 and [device_text(f) for f in events] == [gpu_utils.device_label(torch.device("cpu"))] * 2

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from helpers import save_checkpoint_with_code
 
 torch = pytest.importorskip("torch")
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
@@ -35,7 +36,7 @@ def write_run(root, name, returns=(), return_steps=None, sps=(), sps_steps=None,
 
 def write_checkpoint(run_dir, status, global_step, total):
     """The checkpoint contract of the scripts: status, global_step, iteration, args (with total_timesteps)."""
-    state = {"status": status, "global_step": global_step, "iteration": global_step // 100}
+    state = {"model": {}, "status": status, "global_step": global_step, "iteration": global_step // 100}
     state["args"] = {"total_timesteps": total, "num_envs": 1}
     torch.save(state, os.path.join(run_dir, "checkpoint.pt"))
 
@@ -258,6 +259,42 @@ def test_report_status_from_checkpoints(tmp_path):
     assert group == "diverged (60%), done, running (20%), stale (100%), stale (31%), stopped (40%)"
 
 
+def test_report_never_runs_code_in_a_checkpoint(tmp_path):
+    """A checkpoint.pt whose pickle would run code (make a folder) is read as data only: the report warns in one
+    line, takes the status from the event files, and the code never runs."""
+    name = "ALE_Pong-v5__ppo_atari__1__1700000000"
+    runs = tmp_path / "runs"
+    write_run(runs, name, returns=[1.0], return_steps=[2000], total=10000, t0=time.time() - 5)
+    marker = tmp_path / "the_payload_ran"
+    save_checkpoint_with_code(runs / name / "checkpoint.pt", marker, status="finished", global_step=10000)
+    res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    assert not marker.exists()
+    (warning,) = [line for line in res.stderr.splitlines() if "checkpoint" in line]
+    assert warning.startswith("warning: ") and "holds more than data" in warning and "status from the event" in warning
+    assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
+
+
+def test_report_shows_a_live_run_as_running(tmp_path):
+    """A run whose process holds runs/<run>/.lock trains now, however long ago its last event was (a slow first
+    iteration, a long evaluation): "running", not "stale"; without the lock the same run is stale."""
+    import run_utils
+
+    name = "ALE_Pong-v5__ppo_atari__1__1700000000"
+    runs = tmp_path / "runs"
+    write_run(runs, name, returns=[1.0], return_steps=[2000], t0=time.time() - 7200)
+    write_checkpoint(runs / name, "running", 2000, 10000)
+    fd = run_utils.lock_run_dir(runs / name)
+    try:
+        res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    finally:
+        os.close(fd)
+    assert res.returncode == 0, res.stderr
+    assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
+    res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1].startswith("stale at 20%")
+
+
 def write_segment(run_dir, start, returns, sps, t0, device=None, gpu_samples=False):
     """One process's event file, as the scripts write it: the memory estimate (and the device) at the step it started
     from, then returns and SPS as (step, value); an event's wall time is t0 plus a second per 10 steps from start."""
@@ -309,6 +346,23 @@ def test_report_joins_a_run_resumed_on_other_machines(tmp_path):
     assert seg[0][2:] == ["GPU (name not logged)", "0–1,000", "1m40s", "1,000", "10", "-"]
     assert seg[1][2:] == [cpu, "1,000–1,200", "0m20s", "80", "2", "300"]
     assert seg[2][2:] == [cpu, "1,200–2,000", "1m20s", "50", "8", "-"]
+
+
+def test_report_orders_segments_by_step_not_by_a_machines_clock(tmp_path):
+    """A run crashed at step 1,000 after its checkpoint at 800 and was resumed on a machine whose clock is an hour
+    behind: its events carry earlier wall times, yet it ran later. The resumed part (800 to 2,000) is kept and the
+    first machine's 200 steps after the checkpoint are the lost ones, whatever the clocks say."""
+    run_dir = tmp_path / "runs" / "ALE_Breakout-v5__ppo_atari__1__1700000000"
+    write_segment(run_dir, 0, [(100 * k, 1.0) for k in range(1, 11)], [(1000, 100.0)], 10000.0, device="first")
+    write_segment(run_dir, 800, [(100 * k, 2.0) for k in range(9, 21)], [(2000, 50.0)], 10000.0 - 3600, device="second")
+    res = run_report(tmp_path / "runs", "--out", tmp_path / "out", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert table_row(text, "ppo_atari", "ALE_Breakout-v5")[4] == "2,000"
+    segments = text.split("## Segments")[1].split("## References")[0]
+    assert table_row(segments, run_dir.name, "1")[2:4] == ["first", "0–800"]
+    assert table_row(segments, run_dir.name, "1")[-1] == "200"  # logged after the checkpoint at 800: done again
+    assert table_row(segments, run_dir.name, "2")[2:4] == ["second", "800–2,000"]
 
 
 def test_report_training_statistics_per_tenth_of_the_budget(tmp_path):

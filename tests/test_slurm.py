@@ -18,6 +18,8 @@ import time
 import pytest
 from helpers import SNAKE_LONGER, wait_for
 
+import run_utils
+
 torch = pytest.importorskip("torch")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +85,7 @@ def cluster(tmp_path_factory):
 def repo(tmp_path_factory):
     """A copy of the scripts and benchmark/: runs/ and --resume-existing see only these tests' runs."""
     dest = tmp_path_factory.mktemp("repo")
-    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py"):
+    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py", "run_utils.py"):
         shutil.copy(os.path.join(ROOT, name), dest)
     shutil.copytree(BENCH, dest / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
     return dest
@@ -131,7 +133,7 @@ def run_dirs(repo, run_id):
 
 
 def checkpoint(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    return run_utils.read_checkpoint(run_dir / "checkpoint.pt")
 
 
 def free_port():
@@ -221,7 +223,8 @@ def test_scancel_then_resume_existing(cluster, repo):
     done_dir = repo / "runs" / "Snake5x5__dqn_snake_vec_n8__1__1700000000"
     done_dir.mkdir(parents=True)
     torch.save(
-        {"args": {"total_timesteps": 40000}, "status": "finished", "global_step": 40000}, done_dir / "checkpoint.pt"
+        {"model": {}, "args": {"total_timesteps": 40000}, "status": "finished", "global_step": 40000},
+        done_dir / "checkpoint.pt",
     )
     args = [
         "--sizes",

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import SNAKE_LONGER, wait_for
+from helpers import SNAKE_LONGER, save_checkpoint_with_code, wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -24,6 +24,7 @@ import sweep  # noqa: E402
 
 sys.path.remove(BENCH)
 import gpu_utils  # noqa: E402
+import run_utils  # noqa: E402
 
 SESSION_RE = re.compile(r"^\[session (\d+)\] (cpu|cuda:\d+): (.*)$")
 # variables a sweep reads; a test must not inherit them from the shell that runs pytest
@@ -90,7 +91,7 @@ def flag(cmd, name):
 
 def mini_repo(dest):
     """Copy the scripts and benchmark/ to dest, whose runs/ then holds only this test's runs (for --resume-existing)."""
-    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py"):
+    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py", "run_utils.py"):
         shutil.copy(os.path.join(ROOT, name), dest)
     shutil.copytree(BENCH, dest / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
     return dest
@@ -100,13 +101,14 @@ def fake_checkpoint(repo, run_id, status, step, total, stamp=1700000000):
     """A checkpoint.pt as the training scripts write it (only the keys --resume-existing reads)."""
     run_dir = repo / "runs" / f"{run_id}__{stamp}"
     run_dir.mkdir(parents=True)
-    ckpt = {"args": {"total_timesteps": total}, "status": status, "global_step": step, "run_name": run_dir.name}
+    ckpt = {"model": {}, "args": {"total_timesteps": total}, "status": status, "global_step": step}
+    ckpt["run_name"] = run_dir.name
     torch.save(ckpt, run_dir / "checkpoint.pt")
     return run_dir
 
 
 def load_checkpoint(path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return run_utils.read_checkpoint(path)
 
 
 # ---------------------------------------------------------------- run ids and grids
@@ -261,6 +263,31 @@ def test_dry_run_options_and_environment(engine):
     assert flag(cmd, "--preset") == "fast" and flag(cmd, "--seed") == "7"
 
 
+def test_dry_run_plans_the_gpu_the_runs_are_given(engine):
+    """The plan (devices, runs at once per GPU) follows what the runs will do with the --gpu and --cuda-offset given
+    after --: --gpu N puts every run on GPU N, JOBS_PER_GPU at a time, not one per GPU on GPUs they never use."""
+    rc, out, err = engine("dqn_snake", "--dry-run", "--seeds", "1 2", "--", "--gpu", "1")  # NUM_GPUS=2
+    assert rc == 0, err
+    assert {dev for _, dev, *_ in dry_runs(out)} == {"cuda:1"} and "up to 1 at once" in out
+    rc, out, _ = engine("dqn_snake", "--dry-run", "--seeds", "1", "--jobs-per-gpu", "2", "--", "--gpu=cuda:0")
+    assert {dev for _, dev, *_ in dry_runs(out)} == {"cuda:0"} and "up to 2 at once" in out
+    for word in ("cpu", "No"):  # the words the scripts read as the CPU
+        rc, out, _ = engine("dqn_snake", "--dry-run", "--seeds", "1", "--", "--gpu", word)
+        assert {dev for _, dev, *_ in dry_runs(out)} == {"cpu"}, word
+    rc, out, _ = engine("dqn_snake", "--dry-run", "--seeds", "1", "--", "--cuda-offset", "1", CUDA_OFFSET="")
+    runs = dry_runs(out)
+    assert [dev for _, dev, *_ in runs] == [f"cuda:{gpu_utils.rotate(s, 1, 2)}" for s, *_ in runs]
+    assert all(cmd.count("--cuda-offset") == 1 for *_, cmd in runs)
+    for args, text in [
+        (["--", "--gpu", "2"], "--gpu 2 after -- asks for GPU 2 but the sweep sees 2 GPUs"),
+        (["--", "--gpu", "fast"], "--gpu 'fast' after -- is not understood"),
+        (["--", "--cuda-offset", "-1"], "--cuda-offset must be a non-negative integer"),
+        (["--", "--session", "3"], "--session after --"),
+    ]:
+        rc, out, err = engine("dqn_snake", "--dry-run", "--seeds", "1", *args)
+        assert rc == 2 and err.startswith("error: ") and text in err and err.count("\n") == 1, (args, err)
+
+
 def test_bad_input_is_one_error_line(engine):
     for args, env, text in [
         (["ppo_atari", "--bogus"], {}, "unknown option '--bogus'"),
@@ -343,6 +370,56 @@ def test_dry_run_resume_existing(tmp_path):
     assert sorted(runs) == [1, 2]
     assert flag(runs[1], "--resume") == f"runs/{stopped.name}/checkpoint.pt"  # relative to the repo root (cwd)
     assert "--resume" not in runs[2]
+
+
+def test_resume_existing_never_runs_code_in_a_checkpoint(tmp_path):
+    """A checkpoint.pt whose pickle would run code (here: make a folder) is read as data only, like the scripts read
+    it: --resume-existing fails that run with a one-line reason, and the code never runs."""
+    repo = mini_repo(tmp_path)
+    run_dir = fake_checkpoint(repo, "Snake6x6__dqn_snake_vec_n8__1", "stopped", 40, 100)
+    marker = tmp_path / "the_payload_ran"
+    save_checkpoint_with_code(run_dir / "checkpoint.pt", marker, status="stopped", global_step=40)
+    d = sweep.decide_resume(str(repo / "runs"), "Snake6x6__dqn_snake_vec_n8__1")
+    assert not marker.exists()
+    assert d.action == "error" and "\n" not in d.note and "holds more than data" in d.note and "move it" in d.note
+    res = run_wrapper(
+        "dqn_snake.sh",
+        *("--dry-run", "--resume-existing", "--sizes", "6", "--num-envs", "8", "--seeds", "1"),
+        env={"NUM_GPUS": "0"},
+        repo=repo,
+    )
+    assert not marker.exists()
+    (line,) = [line for line in res.stdout.splitlines() if line.startswith("[error 0]")]
+    assert f"runs/{run_dir.name}/checkpoint.pt" in line and "holds more than data" in line
+    assert not dry_runs(res.stdout)  # nothing starts from it
+
+
+def test_resume_existing_leaves_a_live_run_alone(tmp_path):
+    """A run whose process still trains (it holds runs/<run>/.lock, as the scripts do) is neither resumed into its
+    own folder by a second writer nor started again: --resume-existing says it is live and leaves it, in the dry run
+    and in a real sweep; once the lock is released it resumes as usual."""
+    repo = mini_repo(tmp_path)
+    rid = "Snake6x6__dqn_snake_vec_n8__1"
+    run_dir = fake_checkpoint(repo, rid, "running", 40, 100)
+    starting = repo / "runs" / "Snake6x6__dqn_snake_vec_n8__2__1700000000"  # a fresh run before its first checkpoint
+    locks = [run_utils.lock_run_dir(run_dir), run_utils.lock_run_dir(starting)]
+    sizes = ("--sizes", "6", "--num-envs", "8", "--seeds", "1 2", "--resume-existing")
+    try:
+        d = sweep.decide_resume(str(repo / "runs"), rid)
+        assert d.action == "live" and str(run_dir) in d.note and "training now" in d.note, d
+        assert sweep.decide_resume(str(repo / "runs"), "Snake6x6__dqn_snake_vec_n8__2").action == "live"
+        res = run_wrapper("dqn_snake.sh", "--dry-run", *sizes, env={"NUM_GPUS": "0"}, repo=repo)
+        assert f"[live 0] Snake6x6 n=8 seed=1: runs/{run_dir.name} is training now" in res.stdout
+        assert "[live 1] Snake6x6 n=8 seed=2" in res.stdout and not dry_runs(res.stdout)
+        logs = tmp_path / "logs"
+        env = {"NUM_GPUS": "0", "PYTHON": "false", "LOG_DIR": str(logs)}  # a run that started would fail
+        res = run_wrapper("dqn_snake.sh", *sizes, env=env, repo=repo)
+        assert f"live   [session 0] Snake6x6 n=8 seed=1: runs/{run_dir.name} is training now" in res.stdout
+        assert "0 ok, 0 failed, 2 live (training in another process)" in (logs / "summary.txt").read_text()
+    finally:
+        for fd in locks:
+            os.close(fd)
+    assert sweep.decide_resume(str(repo / "runs"), rid).action == "resume"
 
 
 # ---------------------------------------------------------------- local runs: queue, pinning, signals
@@ -459,6 +536,46 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
     )
 
 
+STARTING_PYTHON = """#!/usr/bin/env bash
+# stands in for python while it imports torch: no SIGTERM handler yet, so a stop kills it (rc 143), no checkpoint
+echo "starting" >> "$FAKE_LOG"
+exec sleep 60
+"""
+
+
+def test_a_stop_while_a_run_starts_is_not_a_failure(tmp_path):
+    """Ctrl-C right after a sweep started a run reaches it before the script has its SIGTERM handler (it is still
+    importing): it dies with rc 143 and no checkpoint. That run was stopped, not failed, and --resume-existing starts
+    it afresh."""
+    repo = mini_repo(tmp_path)
+    fake = tmp_path / "fakepython"
+    fake.write_text(STARTING_PYTHON)
+    fake.chmod(0o755)
+    fake_log, logs = tmp_path / "fake.log", tmp_path / "logs"
+    env = sweep_env({"PYTHON": str(fake), "FAKE_LOG": str(fake_log), "NUM_GPUS": "0", "LOG_DIR": str(logs)})
+    args = ["bash", str(repo / "benchmark" / "dqn_snake.sh"), "--sizes", "6", "--num-envs", "8", "--seeds", "1"]
+    proc = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: fake_log.exists(), 60, "the run to start")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "FAILED" not in out and "stopped before its first checkpoint" in out, out
+    summary = (logs / "summary.txt").read_text()
+    assert "0 ok, 0 failed, 1 stopped" in summary and "stopped before its first checkpoint" in summary, summary
+    res = run_wrapper(
+        "dqn_snake.sh",
+        *("--dry-run", "--resume-existing", "--sizes", "6", "--num-envs", "8", "--seeds", "1"),
+        env={"NUM_GPUS": "0"},
+        repo=repo,
+    )
+    ((_, _, _, _, cmd),) = dry_runs(res.stdout)
+    assert "--resume" not in cmd  # afresh
+
+
 # ---------------------------------------------------------------- SLURM job array script (no SLURM needed)
 
 
@@ -570,10 +687,61 @@ def test_slurm_bad_input(engine):
     assert rc == 2 and "python interpreter 'no-such-python-xyz' not found" in err
 
 
+def test_control_characters_are_refused(engine, tmp_path):
+    """A newline in an argument or a variable would end a line of the sbatch script (or of a run's command, name or
+    log) and start a command of its own: every sweep refuses it in one line naming where it came from."""
+    flag_file = tmp_path / "flag"
+    payload = f"x\ntouch {flag_file} #"
+    slurm = ["ppo_atari", "--games", "Pong", "--seeds", "1", "--slurm", "--dry-run"]
+    for args, env, named in [
+        ([*slurm, "--", "--exp-name", payload], {}, "--exp-name"),
+        ([*slurm, "--", f"--exp-name={payload}"], {}, "--exp-name"),
+        ([*slurm, "--track"], {"WANDB_ENTITY": payload}, "WANDB_ENTITY"),
+        ([*slurm, "--track"], {"WANDB_PROJECT_NAME": payload}, "WANDB_PROJECT_NAME"),
+        (slurm, {"GAE_LAMBDA": payload}, "GAE_LAMBDA"),
+        ([*slurm, "--gae-lambda", payload], {}, "--gae-lambda"),
+        ([*slurm, "--log-dir", f"{tmp_path}\n"], {}, "--log-dir"),
+        ([*slurm, "--partition", "gpu\n"], {}, "--partition"),
+        ([*slurm, "--sbatch-args", "--comment", payload], {}, "--comment"),
+        (["dqn_snake", "--dry-run", "--seeds", "1", "--", "--exp-name", "a\rb"], {}, "--exp-name"),  # local too
+        (["dqn_snake", "--dry-run", "--seeds", "1", "--", "\x1b[2J"], {}, "argument after --"),
+    ]:
+        rc, out, err = engine(*args, PYTHON=sys.executable, **env)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, (args, env, err)
+        assert named in err and "control character" in err, (args, env, err)
+        assert "#!/bin/bash" not in out and not dry_runs(out)
+    assert not flag_file.exists()
+    # lists split on white space: games one per line are as good as on one line
+    rc, out, err = engine("ppo_atari", "--dry-run", "--games", "Pong\nBreakout", "--seeds", "1\n2", NUM_GPUS="0")
+    assert rc == 0 and len(dry_runs(out)) == 4, err
+
+
+def test_sbatch_script_keeps_user_text_out_of_its_commands(tmp_path):
+    """Whatever reaches the sbatch script, it stays in its comments or inside quotes: a spec whose label, arguments
+    and tail hold newlines writes a script that, run by bash, runs none of them."""
+    flag_file = tmp_path / "flag"
+    payload = f"x\ntouch {flag_file} #"
+    run = sweep.Run(f"label {payload}", "run__x__1", ("dqn_snake_vec.py", "--exp-name", payload))
+    spec = sweep.slurm_spec("dqn_snake", [run], sys.executable, ["--track", "--wandb-entity", payload], "/tmp/l", True)
+    script = sweep.sbatch_script("dqn_snake", "/tmp/l/dqn_snake.json", spec, {}, sys.executable)
+    lines = script.splitlines()
+    body = lines[: lines.index("set -u")]
+    assert all(line.startswith("#") for line in body), script
+    assert len(lines) == len(body) + 3  # set -u, cd, exec: nothing else runs
+    (tmp_path / "x.sbatch").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    subprocess.run(["bash", str(tmp_path / "x.sbatch")], env=env, capture_output=True, timeout=120)
+    assert not flag_file.exists()
+
+
 TASK_PYTHON = """#!/usr/bin/env bash
 # stands in for python in a SLURM task: a training run is recorded
 echo "args: $*" >> "$FAKE_LOG"
 echo "threads: OMP=$OMP_NUM_THREADS MKL=$MKL_NUM_THREADS" >> "$FAKE_LOG"
+if [[ -n "${FAKE_STARTING:-}" ]]; then  # still importing: no SIGTERM handler, so a stop kills it
+  echo "waiting" >> "$FAKE_LOG"
+  exec sleep 60
+fi
 if [[ -n "${FAKE_WAIT:-}" ]]; then
   trap 'echo "got TERM" >> "$FAKE_LOG"; sleep 0.5; echo "checkpoint written" >> "$FAKE_LOG"; exit 0' TERM
   echo "waiting" >> "$FAKE_LOG"
@@ -678,3 +846,17 @@ def test_slurm_task_script_without_slurm(tmp_path):
         assert "got TERM" in calls and calls.endswith("checkpoint written\n"), calls
         log = (logs / "002_Snake6x6_n=8_seed=3.log").read_text()
         assert log.rstrip().endswith("resubmit the sweep with --resume-existing to continue"), log
+
+    # SIGTERM while the run starts (before its handler): stopped before its first checkpoint, not a failure
+    fake_log.unlink()
+    proc = task(2, wait=True, FAKE_STARTING="1")
+    try:
+        wait_for(lambda: fake_log.exists() and "waiting" in fake_log.read_text(), 60, "the stand-in run")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (logs / "002_Snake6x6_n=8_seed=3.log").read_text()
+    last = log.rstrip().splitlines()[-1]
+    assert "stopped before its first checkpoint" in last and "--resume-existing starts it afresh" in last, log
