@@ -649,7 +649,8 @@ def compile_steps(
 ) -> tuple[Callable, Callable]:
     """``--compile`` and ``--cudagraphs``: torch.compile the action step and the loss, the algorithm's hot edges, in
     mode reduce-overhead (CUDA graphs of their own) with --cudagraphs, else default. What a captured CudaGraph step
-    already holds (``captured``: "loss", or "both" when it acts too) compiles in mode default inside it."""
+    already holds (``captured``: "loss", or "both" when it acts too) compiles in mode default inside it. An action
+    step with graphs of its own marks each call a new step: its outputs of the last call are no longer read."""
     if not (compile or cudagraphs):
         return act, loss
     mode = "reduce-overhead" if cudagraphs else "default"
@@ -660,7 +661,13 @@ def compile_steps(
             f"compile: the action step and the loss, mode {act_mode}"
             + (", the loss default" if loss_mode != act_mode else "")
         )
-    return torch.compile(act, mode=act_mode), torch.compile(loss, mode=loss_mode)
+    compiled_act = torch.compile(act, mode=act_mode)
+
+    def marked_act(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled_act(*args)
+
+    return marked_act if act_mode == "reduce-overhead" else compiled_act, torch.compile(loss, mode=loss_mode)
 
 
 def all_reduce_gradients(parameters: Sequence[nn.Parameter], world_size: int) -> None:

@@ -574,11 +574,6 @@ if __name__ == "__main__":
         policy_step, ppo_loss, args.compile, args.cudagraphs, captured, is_main
     )
 
-    def act(x):  # the action step on device observations
-        if args.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        return policy_step(x)
-
     def bootstrap(final_obs, truncated, terminated):  # gamma * V(last obs) of the games the frame cap cut short
         return args.gamma * final_values(agent, final_obs, truncated, terminated, device)
 
@@ -648,7 +643,7 @@ if __name__ == "__main__":
         if args.anneal_lr:
             lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
         learning_rate.fill_(lr_now)
-        for video in rollout.collect(act, bootstrap, recorder):  # the videos of env 0 it wrote
+        for video in rollout.collect(policy_step, bootstrap, recorder):  # the videos of env 0 it wrote
             run.log_video(video)
         global_step += args.batch_size
 

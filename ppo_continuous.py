@@ -503,8 +503,6 @@ if __name__ == "__main__":
                 obs_np[step] = next_obs_n
                 dones[step] = next_done
                 obs_t = obs_host[step] if device.type == "cpu" else obs_buf[step].copy_(obs_host[step], True)
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 actions[step] = policy_step(obs_t, std * noise[step])
                 action = np.clip(actions[step].cpu().numpy(), act_low, act_high)
                 next_obs, reward, terminated, truncated, infos = envs.step(action)
