@@ -1,11 +1,14 @@
 """The README and docs/ stay usable: every relative link points at a file (and heading) that exists, every command
 that runs one of the three scripts uses flags the script has, the README stays short, and it keeps the two commands
-verbatim (.ci/run reads the test command from it)."""
+verbatim (.ci/run reads the test command from it), and each script's page explains every TensorBoard key the script
+logs and no other."""
 
 import ast
 import re
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -148,3 +151,46 @@ def test_the_flag_check_catches_a_renamed_flag():
         "ppo_atari.py --overlap",
         "ppo_atari.py --sed",
     ]
+
+
+METRIC = re.compile(r"\b(?:charts|losses|memory|gpu|threads)/\w+")
+LOSS_FUNCTION = {"ppo_atari.py": "ppo_loss", "ppo_continuous.py": "ppo_loss", "dqn_snake_vec.py": "td_loss"}
+
+
+def logged_keys(script: str) -> set[str]:
+    """The TensorBoard keys a script writes that its source names: whole keys in the script and the shared modules,
+    and losses/<name> for each statistic its loss returns by name, less those the main block deletes
+    (del stats["x"]), plus those it adds (stats["x"] = ...)."""
+    text = (ROOT / script).read_text()
+    shared = (ROOT / "run_utils.py").read_text() + (ROOT / "gpu_utils.py").read_text()
+    tree = ast.parse(text)
+    (loss,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == LOSS_FUNCTION[script]]
+    names = {key.value for node in ast.walk(loss) if isinstance(node, ast.Dict) for key in node.keys if key}
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, (ast.Delete, ast.Assign)) else []
+        named = {
+            t.slice.value
+            for t in targets
+            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == "stats"
+        }
+        names = names - named if isinstance(node, ast.Delete) else names | named
+    return set(METRIC.findall(text + shared)) | {f"losses/{name}" for name in names}
+
+
+def metrics_section(page: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
+    assert "\n## Logged metrics\n" in text, f"docs/{page} has no '## Logged metrics' section"
+    return text.split("\n## Logged metrics\n")[1].split("\n## ")[0]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_script_page_explains_every_key_it_logs_and_no_other(script):
+    keys = logged_keys(script)
+    assert {"charts/SPS", "losses/initial_ratio_error" if "ppo" in script else "losses/td_loss"} <= keys
+    section = metrics_section(script.replace(".py", ".md"))
+    assert sorted(key for key in keys if f"`{key}`" not in section) == [], "keys the page does not explain"
+    source = (ROOT / script).read_text()
+    documented = set(METRIC.findall(section))
+    # a key the script builds from a name (Snake's f"charts/{chart}") is in its source as that quoted name
+    unknown = [key for key in documented if key not in keys and f'"{key.split("/")[1]}"' not in source]
+    assert sorted(unknown) == [], "keys the page explains that the script does not log"
