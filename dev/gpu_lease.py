@@ -7,19 +7,21 @@
 `prepare` copies commit 7351b50's scripts (the last measured on a GPU) into .lease/before and the GPU machine's
 wheels into .whl/, both git-excluded, parses every run's flags with its script's own Args, old and new, and checks
 that the call carries at most 64 MiB. `run` starts the parts one after another, each a process of its own with a
-time limit (past it: SIGINT, a kill 15 s later), all inside --seconds, so a part that fails or overruns leaves the
-others and running out of time cuts the last ones. Each writes a file under --out (a call brings back at most 8):
+time limit (past it: SIGINT, a kill 15 s later) that keeps the later parts a share of --seconds, so a part that fails
+or overruns leaves the others, and time running out cuts the last runs of a part, not whole parts. Each part writes
+a file under --out (a call brings back at most 8):
 
     facts     the GPU, the CPUs, torch, the compiler and Python's headers (torch.compile needs both)    machine.txt
     tests     pytest -m gpu: every gpu-marked test                                                       pytest_gpu.txt
-    ab        old and new code, each group's old first, at the settings of the speed targets             ab.md
+    ab        new and old code, group by group, at the settings of the speed targets                    ab.md
     ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
     profile   benchmark/profile_atari.py --script-paths: the update's ms per iteration, every phase     profile_*.md
 
-then summary.md (printed last): each target with its figure and ratio; their output goes to lease.log. The limits
-come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run spent
-about 20 s before its first SPS, beast --subproc about 30 s starting its 64 env processes, pytest -m gpu 97 s for 13
-tests on 4 workers; the wheels install in about 15 s before `run` starts.
+then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
+limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
+spent 20-30 s before its first SPS, beast --subproc about 35 s (its 64 env processes start), pytest -m gpu 97 s for
+13 tests on 4 workers; the wheels install in about 15 s before `run` starts. So the last runs of `ab` (Snake at 65,536
+games, the dense step) may not fit: the table says which were skipped.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ SKIPPED_WHEELS = ("mujoco_mjx", "trimesh", "importlib_resources")  # MJX and its
 ATARI_WHEELS = ("gymnasium", "farama_notifications", "ale_py", "tyro", "docstring_parser", "typeguard", "shtab")
 CARRY_LIMIT = 64 * 2**20  # one call: tracked files, untracked files git does not ignore, carried paths
 GRACE_S = 15  # after SIGINT, the seconds a part has to write what it has
-PARTS = [("facts", 30, "machine.txt"), ("tests", 120, "pytest_gpu.txt")]  # (part, limit s, its output)
-PARTS += [("ab", 215, "lease.log"), ("ceilings", 75, "lease.log"), ("profile", 55, "lease.log")]
+# (part, its output, the most seconds it may take, the seconds kept for it while the parts before it run)
+PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 130, 60), ("ab", "lease.log", 240, 100)]
+PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45)]
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
 echo "CPUs: $(nproc --all),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"; echo "gcc: $(gcc --version | head -1)"
 "$0" -c 'import os, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); print("Python.h:", h,
@@ -73,26 +76,32 @@ GPU_ONLY = {"--compile": 0, "--cudagraphs": 0, "--env-mode": 1}
 
 
 def training_runs(before: str) -> list[speed.Setting]:
-    """The before/after runs in the order they run, most important first: each group's old code, then the new."""
+    """The before/after runs in the order they run, the targets' first: each group's new code, then its old (one
+    round; a group's two runs follow each other), and last the new code's dense Snake beside its fused one."""
     fast = ["--gpu", "true", "--compile", "--cudagraphs"]
     atari = ["--env-id", "ALE/Breakout-v5", *fast]
     beast = ["--env-id", "HalfCheetah-v5", "--gpu", "true", "--preset", "beast", "--subproc"]
-    label = "ppo_atari.py defaults (16 envs, Breakout), --compile --cudagraphs"
-    runs = [speed.Setting(f"ppo_atari/{code}", label, "ppo_atari.py", atari, 2048, 10) for code in ("before", "after")]
-    async_args = [*atari, "--async-envs", "8"]
-    runs.append(replace(runs[1], key="ppo_atari/after-async", label=f"{label} --async-envs 8", args=async_args))
-    label = "ppo_continuous.py --preset beast --subproc (HalfCheetah-v5)"
-    runs += [
-        speed.Setting(f"beast/{code}", label, "ppo_continuous.py", beast, 32768, 3) for code in ("before", "after")
-    ]
-    for n in (4096, 65536):
+
+    def ppo_atari(code: str, extra: tuple[str, ...] = ()) -> speed.Setting:
+        label = " ".join(["ppo_atari.py defaults (16 envs, Breakout), --compile --cudagraphs", *extra])
+        return speed.Setting(f"ppo_atari/{code}", label, "ppo_atari.py", [*atari, *extra], 2048, 10)
+
+    def dqn(n: int, code: str, mode: str = "fused") -> speed.Setting:
         label = f"dqn_snake_vec.py --num-envs {n} --compile --cudagraphs"
-        runs.append(speed.snake(f"dqn{n}/before", f"{label} (7351b50: dense, its only mode)", n, 4, fast))
-        for mode in ("fused", "dense"):
-            runs.append(speed.snake(f"dqn{n}/{mode}", f"{label} --env-mode {mode}", n, 4, [*fast, "--env-mode", mode]))
+        if code == "before":  # 7351b50 has only the dense step
+            return speed.snake(f"dqn{n}/before", f"{label}, dense", n, 4, fast)
+        return speed.snake(f"dqn{n}/{mode}", f"{label} --env-mode {mode}", n, 4, [*fast, "--env-mode", mode])
+
+    def ppo_continuous(code: str) -> speed.Setting:
+        label = "ppo_continuous.py --preset beast --subproc (HalfCheetah-v5)"
+        return speed.Setting(f"beast/{code}", label, "ppo_continuous.py", beast, 32768, 3)
+
+    runs = [ppo_atari("after"), ppo_atari("before"), ppo_atari("after-async", ("--async-envs", "8"))]
+    runs += [dqn(4096, "after"), dqn(4096, "before"), ppo_continuous("after"), ppo_continuous("before")]
+    runs += [dqn(65536, "after"), dqn(65536, "before"), dqn(4096, "after", "dense"), dqn(65536, "after", "dense")]
     for s in runs:
         if s.key.endswith("/before"):
-            s.script, s.label = os.path.join(before, s.script), f"before: {s.label}"
+            s.script, s.label = os.path.join(before, s.script), f"before ({BEFORE_REF}): {s.label}"
     return runs
 
 
@@ -165,9 +174,9 @@ def part_ab(o) -> int:
 
 
 def part_ceilings(o) -> int:
-    """VecSnake at the target's sizes, then the envs of the runs alone: beast's MuJoCo envs, ppo_atari's Atari envs
-    (and in async batches of 8), the 4,096 games of dqn_snake_vec.py. On a CPU no fused step (its compile takes a
-    minute there)."""
+    """The envs alone, what the targets need first: VecSnake at 2^22 games (the 1e9 target), beast's 64 MuJoCo envs
+    in subprocesses, ppo_atari's 16 Atari envs (and in async batches of 8), then VecSnake at 2^20, 2^16 and 4,096
+    games (dqn_snake_vec.py's target size). Dense and fused; on a CPU no fused step (its compile takes a minute)."""
     cpu = o.dry_run
     seconds, device, threads = (0.3, "cpu", 1) if cpu else (1.5, "cuda", gpu_utils.available_cpus())
     atari, mujoco = (4, 1) if cpu else (16, 64)
@@ -177,9 +186,9 @@ def part_ceilings(o) -> int:
     def snake(sizes):
         return [(f"snake-{mode}/{n}", speed.snake_row, n, device, mode, seconds) for n in sizes for mode in modes]
 
-    measures = [*snake(big), ("mujoco", speed.mujoco_row, "HalfCheetah-v5", mujoco, True, seconds)]
+    measures = [*snake(big[-1:]), ("mujoco", speed.mujoco_row, "HalfCheetah-v5", mujoco, True, seconds)]
     measures += [("atari", speed.atari_row, atari, threads, seconds)]
-    measures += [("atari-async", speed.atari_row, atari, threads, seconds, atari // 2), *snake(small)]
+    measures += [("atari-async", speed.atari_row, atari, threads, seconds, atari // 2), *snake(big[-2::-1] + small)]
     deadline, info, results = time.monotonic() + o.seconds, speed.machine_info(), {}
     for key, measure, *args in measures:
         if deadline - time.monotonic() < 10:
@@ -234,42 +243,32 @@ def cmd_run(o) -> int:
     me = [sys.executable, os.path.abspath(__file__), "part", "--out", o.out, "--work", work, "--before", o.before]
     me += ["--dry-run"] if o.dry_run else []
     # the dry run collects one test file (the whole suite's collection takes a CPU long, and CI collects it anyway)
-    tests = ["-n", "0", "tests/test_cuda_graph.py"] if o.dry_run else ["-n", "8", "tests"]
+    tests = ["-p", "no:cacheprovider", "-q", "-n", "0" if o.dry_run else "8"]
+    tests.append("tests/test_cuda_graph.py" if o.dry_run else "tests")
     profile = ["--device", "cuda", "--steps", "150"]
     if o.dry_run:
         profile = ["--device", "cpu", "--no-compile", "--num-envs", "2", "--num-steps", "8", "--minibatch-size", "8"]
         profile += ["--steps", "12", "--iterations", "2"]
     commands = {
         "facts": ["bash", "-c", FACTS, sys.executable],
-        "tests": [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-m",
-            "gpu",
-            "--dist",
-            "load",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            *tests,
-        ],
+        "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
         "ab": [*me, "ab"],
         "ceilings": [*me, "ceilings"],
         "profile": [sys.executable, "benchmark/profile_atari.py", "--script-paths", *profile, "--out", o.out],
     }
-    statuses = []
-    for name, cap, output in [part for part in PARTS if part[0] in o.parts]:
-        limit = min(cap, o.seconds - (time.monotonic() - start) - 5)  # 5 s for the summary
+    statuses, parts = [], [part for part in PARTS if part[0] in o.parts]
+    for i, (name, output, cap, _) in enumerate(parts):
+        kept = sum(floor for *_, floor in parts[i + 1 :]) + 5  # for the parts after it, and 5 s for the summary
+        limit = min(cap, o.seconds - (time.monotonic() - start) - kept)
         if limit < 15:
-            statuses.append([name, "skipped: the call's time was up", "0", str(cap)])
+            statuses.append([name, "skipped: the call's time was up", "0", "-"])
             continue
         argv = commands[name] + (["--seconds", f"{limit - GRACE_S:.0f}"] if name in ("ab", "ceilings") else [])
         print(f"[lease] {name}: at most {limit:.0f} s ...", flush=True)
         t0 = time.monotonic()
-        statuses.append([name, run_part(name, argv, limit, os.path.join(o.out, output)), "", str(cap)])
-        statuses[-1][2] = f"{time.monotonic() - t0:.0f}"
-        print(f"[lease] {name}: {statuses[-1][1]}, {statuses[-1][2]} s", flush=True)
+        status = run_part(name, argv, limit, os.path.join(o.out, output))
+        statuses.append([name, status, f"{time.monotonic() - t0:.0f}", f"{limit:.0f}"])
+        print(f"[lease] {name}: {status}, {statuses[-1][2]} s", flush=True)
     text = summary(o, work, statuses, time.monotonic() - start)
     shutil.rmtree(work, ignore_errors=True)
     with open(os.path.join(o.out, "summary.md"), "w") as f:
@@ -334,7 +333,10 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
     changes = [[key, f"{sps / old(key):.2f}x"] for key, sps in ab.items() if "before" not in key and sps and old(key)]
     dry = " (dry run: tiny sizes on the CPU, the figures mean nothing)" if o.dry_run else ""
     header = "figure | measured | target | ratio (>= 1 meets it) | met | of the env's own rate | after / before"
-    lines = [f"# GPU lease: summary{dry}", "", f"- {speed.machine_info()['GPU']}, {os.cpu_count()} CPUs; {wall:.0f} s"]
+    machine = (
+        f"- GPU: {speed.machine_info()['GPU']}; CPUs: {os.cpu_count()}; the parts took {wall:.0f} s of {o.seconds:.0f}"
+    )
+    lines = [f"# GPU lease: summary{dry}", "", machine]
     lines += ["", *speed.md_table(header, rows), ""]
     lines += [*speed.md_table(f"run (ab.md) | after / before ({BEFORE_REF})", changes), ""]
     return "\n".join([*lines, *speed.md_table("part | status | seconds | limit s", statuses)]) + "\n"
@@ -374,12 +376,13 @@ def cmd_prepare(o) -> int:
         f.writelines(f"{p}\n" for p in ("/.whl/", "/.lease/") if p not in have)
     files = subprocess.check_output([*git, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], text=True)
     files = [os.path.join(ROOT, f) for f in files.split("\0") if f]
-    for path in [".whl", ".lease", *o.carry]:
+    carry = [".whl", ".lease", *o.carry]
+    for path in carry:
         files += [os.path.join(folder, f) for folder, _, names in os.walk(os.path.join(ROOT, path)) for f in names]
     carried = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
     print(
         f"prepare: {commit}'s scripts in .lease/before, {len(os.listdir(wheels)) - 1} wheels in .whl/; the call "
-        f"carries {carried / 2**20:.1f} MiB of {CARRY_LIMIT / 2**20:.0f} MiB (carry: .whl .lease {' '.join(o.carry)})"
+        f"carries {carried / 2**20:.1f} MiB of {CARRY_LIMIT / 2**20:.0f} MiB, with {' '.join(carry)}"
     )
     if carried > CARRY_LIMIT:
         raise UsageError(f"the call would carry {carried / 2**20:.1f} MiB, over {CARRY_LIMIT / 2**20:.0f} MiB")
@@ -405,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--atari-only", action="store_true", help="only the wheels ppo_atari.py needs (a training call)")
     pre.add_argument("--carry", nargs="*", default=[], help="more paths the call carries (a run: runs/<run>)")
     run = sub.add_parser("run", help="on the GPU machine: the parts, inside --seconds")
-    run.add_argument("--parts", nargs="+", choices=[n for n, _, _ in PARTS], default=[n for n, _, _ in PARTS])
+    names = [name for name, *_ in PARTS]
+    run.add_argument("--parts", nargs="+", choices=names, default=names, help="only these (a second call)")
     part = sub.add_parser("part", help="one part (run starts them)")
     part.add_argument("name", choices=["ab", "ceilings"])
     part.add_argument("--work", required=True, help="the folder of the figures the summary reads")

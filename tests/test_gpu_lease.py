@@ -124,6 +124,29 @@ def test_a_part_past_its_limit_is_cut_off_and_one_that_ignores_sigint_is_killed(
     assert "===== slow, at most 1 s:" in text and "started\nwrote what it had" in text
 
 
+def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, monkeypatch, old_code):
+    """Each part gets at most its own limit and leaves the later parts their share: even when every part runs to its
+    limit, all of them run and the call ends inside --seconds."""
+    clock = [0.0]
+    limits = {}
+
+    def run_part(name, argv, limit, output):
+        limits[name] = limit
+        clock[0] += limit
+        return "cut off"
+
+    monkeypatch.setattr(gpu_lease.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(gpu_lease, "run_part", run_part)
+    args = ["run", "--out", str(tmp_path), "--before", str(old_code), "--seconds", "450"]
+    assert gpu_lease.main(args) == 1
+    assert limits == {"facts": 30, "tests": 130, "ab": 195, "ceilings": 45, "profile": 45}
+    assert clock[0] <= 450 - 5  # 5 s for the summary
+    clock[0] = 0
+    limits.clear()
+    assert gpu_lease.main([*args[:-1], "150", "--parts", "tests", "ab"]) == 1  # a second, shorter call
+    assert limits == {"tests": 45, "ab": 100}  # ab keeps its 100 s
+
+
 def test_summary_sets_each_figure_against_its_target(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
@@ -139,7 +162,9 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
         f"| phase | ms | per |\n|---|---|---|\n| update (eager, Adam fused), 8 x 4 minibatches | 190.5 | ms |\n"
         f"| {name} | 20.000 | ms / iteration |\n"
     )
-    text = gpu_lease.summary(SimpleNamespace(out=str(out), dry_run=False), str(work), [["ab", "ok", "200", "215"]], 1)
+    text = gpu_lease.summary(
+        SimpleNamespace(out=str(out), dry_run=False, seconds=450), str(work), [["ab", "ok", "200", "215"]], 1
+    )
     rows = table_rows(text)
     assert rows["ppo_atari.py --compile --cudagraphs"] == ["12,000 SPS", ">= 10,000 SPS", "1.20", "yes", "80%", "2.40x"]
     assert rows["ppo_atari.py --compile --cudagraphs --async-envs 8"][0] == "not measured"
