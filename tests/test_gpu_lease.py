@@ -3,11 +3,13 @@ whole on the CPU at tiny sizes (every command's flags parsed by its script's Arg
 past its limit is cut off without taking the others along, and the summary's ratios are the targets' own. Nothing
 here is timed."""
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -101,8 +103,8 @@ def test_the_flag_check_parses_with_each_folders_own_script(tmp_path, monkeypatc
         "@dataclass\nclass Args:\n    env_id: str = 'x'\n"
     )
     run = gpu_lease.speed.Setting("k/after", "new", "ppo_atari.py", ["--async-envs", "8"], 128, 2)
-    runs = [gpu_lease.replace(run, key="k/before", script=str(old / "ppo_atari.py")), run]
-    runs.append(gpu_lease.replace(run, key="k/typo", args=["--async-env", "8"]))
+    runs = [replace(run, key="k/before", script=str(old / "ppo_atari.py")), run]
+    runs.append(replace(run, key="k/typo", args=["--async-env", "8"]))
     monkeypatch.setattr(gpu_lease, "training_runs", lambda before: runs)
     bad = gpu_lease.check_flags(str(old))
     assert bad == [runs[0].shown(1.0), runs[2].shown(1.0)]
@@ -155,8 +157,8 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     ab |= {"beast/before": 12000.0, "beast/after": 14000.0, "dqn4096/before": 700_000.0, "dqn4096/fused": 1.4e6}
     env = {"atari": 15000.0, "mujoco": 15000.0, "snake-dense/65536": 2e8, "snake-fused/4194304": 1.2e9}
     env |= {"snake-fused/4096": 7e6}
-    (work / "ab.json").write_text(gpu_lease.json.dumps(ab))
-    (work / "ceilings.json").write_text(gpu_lease.json.dumps(env))
+    (work / "ab.json").write_text(json.dumps(ab))
+    (work / "ceilings.json").write_text(json.dumps(env))
     name = "update (one CUDA graph per minibatch step: compiled loss, Adam fused capturable), 8 x 4 minibatches"
     (out / "profile_atari_cuda.md").write_text(
         f"| phase | ms | per |\n|---|---|---|\n| update (eager, Adam fused), 8 x 4 minibatches | 190.5 | ms |\n"
@@ -185,7 +187,7 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     assert rows["ab"] == ["ok", "200", "215"]
 
 
-def test_a_training_call_carries_only_the_atari_wheels_and_the_checks_no_mjx():
+def test_a_call_carries_the_wheel_kit_less_mjx_or_for_training_only_the_atari_wheels():
     kit = ["ale_py-0.12.1-cp312.whl", "mujoco-4.0.0-py3.whl", "mujoco_mjx-3.17.0-py3.whl", "tyro-1.0.17-py3.whl"]
     kit += ["trimesh-5.2.0-py3.whl", "gymnasium-1.4.0-py3.whl", "shtab-1.13.0-py3.whl"]
     assert gpu_lease.wheels_for(kit, atari_only=True) == [
