@@ -5,7 +5,7 @@
     python dev/gpu_lease.py run --dry-run --out /tmp/lease --before DIR        # here: tiny sizes on the CPU
 
 `prepare` copies commit 7351b50's scripts (the last measured on a GPU) into .lease/before and the GPU machine's
-wheels into .whl/, both git-excluded, parses every run's flags with its script's own Args, old and new, and checks
+wheels into .whl/, both git-ignored, parses every run's flags with its script's own Args, old and new, and checks
 that the call carries at most 64 MiB. `run` starts the parts one after another, each a process of its own with a
 time limit (past it: SIGINT, a kill 15 s later) that keeps the later parts a share of --seconds, so a part that fails
 or overruns leaves the others, and time running out cuts the last runs of a part, not whole parts. Each part writes
@@ -367,13 +367,7 @@ def cmd_prepare(o) -> int:
     for name in wheels_for(os.listdir(os.path.join(o.kit, "wheels")), o.atari_only):
         shutil.copy(os.path.join(o.kit, "wheels", name), wheels)
     shutil.copy(os.path.join(o.kit, "on-device.sh"), wheels)
-    git = ["git", "-C", ROOT]
-    exclude = os.path.join(
-        ROOT, subprocess.check_output([*git, "rev-parse", "--git-path", "info/exclude"], text=True).strip()
-    )
-    have = open(exclude).read().split() if os.path.isfile(exclude) else []
-    with open(exclude, "a") as f:  # git-excluded: what the call carries never enters a commit
-        f.writelines(f"{p}\n" for p in ("/.whl/", "/.lease/") if p not in have)
+    git = ["git", "-C", ROOT]  # .whl and .lease are in .gitignore: what the call carries never enters a commit
     files = subprocess.check_output([*git, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], text=True)
     files = [os.path.join(ROOT, f) for f in files.split("\0") if f]
     carry = [".whl", ".lease", *o.carry]

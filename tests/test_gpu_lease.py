@@ -201,7 +201,7 @@ def test_a_call_carries_the_wheel_kit_less_mjx_or_for_training_only_the_atari_wh
 
 def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large(tmp_path):
     repo, kit = tmp_path / "repo", tmp_path / "kit"
-    for name in ["dev/gpu_lease.py", "benchmark/speed.py", "run_utils.py", *gpu_lease.speed.AB_SCRIPTS]:
+    for name in [".gitignore", "dev/gpu_lease.py", "benchmark/speed.py", "run_utils.py", *gpu_lease.speed.AB_SCRIPTS]:
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(ROOT, name), repo / name)
     (kit / "wheels").mkdir(parents=True)
@@ -228,6 +228,6 @@ def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large
     assert sorted(os.listdir(repo / ".whl")) == carried
     head = git("rev-parse", "--short", "HEAD").stdout.strip()
     assert (repo / ".lease" / "before" / "REF").read_text().strip() == head
-    assert git("status", "--porcelain").stdout == ""  # .whl and .lease are excluded: never in a commit
+    assert git("status", "--porcelain").stdout == ""  # .whl and .lease are ignored: never in a commit
     res = subprocess.run([*prepare, "--ref", "no-such-ref"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "'no-such-ref' is not a commit here" in res.stderr
