@@ -42,6 +42,7 @@ from dataclasses import replace
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 import speed  # noqa: E402  (Setting, Run, the ceilings and tables: one way to read a rate)
+from speed import UsageError  # noqa: E402  (its Parser turns a bad argument into one: one line, exit 2)
 
 import gpu_utils  # noqa: E402  (speed put the repository root on the path)
 
@@ -387,15 +388,9 @@ def cmd_prepare(o) -> int:
     return 0
 
 
-class UsageError(Exception):
-    pass
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="gpu_lease.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = p.add_subparsers(dest="mode", required=True)
+    p = speed.Parser(prog="gpu_lease.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="mode", required=True, parser_class=speed.Parser)
     pre = sub.add_parser("prepare", help="here, before the call: the old code, the wheels, flag and size checks")
     pre.add_argument("--ref", default=BEFORE_REF, help="the old code's commit")
     pre.add_argument("--kit", default=os.path.join(ROOT, "..", "shared", "gpu"), help="the wheel kit's folder")
@@ -412,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--before", default=BEFORE, help="the old code's folder (prepare writes it)")
         sp.add_argument("--seconds", type=float, default=450, help="the time of all parts (of the part, for part)")
         sp.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check every command")
-    o = p.parse_args(argv)
     try:
+        o = p.parse_args(argv)
         if o.mode == "prepare":
             return cmd_prepare(o)
         return cmd_run(o) if o.mode == "run" else {"ab": part_ab, "ceilings": part_ceilings}[o.name](o)
