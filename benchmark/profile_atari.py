@@ -9,7 +9,8 @@ Phases (ppo_atari.py's own Agent, ppo_loss, make_envs and gpu_utils.accumulate_g
   rollout    both in turn, as ppo_atari.py does (sequential), and in two halves of N/2 envs that overlap: one half's
              envs step (C++ threads, GIL released) while the policy acts on the other half
   update     one iteration's update (num_minibatches x update_epochs steps: loss, backward, clipping, Adam), with
-             Adam's foreach or fused kernels, eager or with the loss compiled
+             Adam's foreach or fused kernels, eager or with the loss compiled, and on CUDA as ppo_atari.py
+             --cudagraphs runs it: each minibatch step one CUDA graph (--script-paths: only the script's own paths)
   host       --host-only: the rollout's host work alone, on the CPU (no env, no network): the recorded results of
              real env steps replayed through ppo_atari.py's per-step bookkeeping (copied: staging copy, episode
              accounting, reward/done buffers, the truncation check, the action copy back), timed per vector step and
@@ -36,6 +37,8 @@ sys.path.insert(0, ROOT)
 
 import gpu_utils  # noqa: E402
 from ppo_atari import Agent, Args, EpisodeTracker, make_envs, ppo_loss  # noqa: E402  (registers the ALE ids)
+
+GRAPH_UPDATE = "one CUDA graph per minibatch step: compiled loss, Adam fused capturable"  # --cudagraphs' update
 
 
 def sync(device: torch.device) -> None:
@@ -210,17 +213,33 @@ def host_only(o) -> int:
     return 0
 
 
-def time_update(agent, loss_fn, fused: bool, batch, a: Args, iterations: int, cudagraphs: bool) -> float:
-    """One iteration's update as ppo_atari.py runs it; a fresh Adam so each variant starts from the same state."""
+def time_update(agent, loss_fn, fused: bool, batch, a: Args, iterations: int, cudagraphs: bool, graph: bool) -> float:
+    """One iteration's update as ppo_atari.py runs it; a fresh Adam so each variant starts from the same state.
+    ``graph``: each minibatch step (loss, backward, clipping, Adam) as one CUDA graph (gpu_utils.CudaGraph, Adam
+    capturable with a device learning rate), as ppo_atari.py --cudagraphs runs it."""
     params = list(agent.parameters())
-    optimizer = torch.optim.Adam(params, lr=a.learning_rate, eps=1e-5, fused=fused or None)
     b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = batch
     device = b_obs.device
+    lr = torch.tensor(a.learning_rate, device=device) if graph else a.learning_rate
+    optimizer = torch.optim.Adam(params, lr=lr, eps=1e-5, fused=fused or None, capturable=graph)
     n = len(b_obs)
 
     def mb_loss(*data):
         return loss_fn(agent, *data, a.clip_coef, a.ent_coef, a.vf_coef, a.clip_vloss)
 
+    def minibatch_step(mb):
+        optimizer.zero_grad(set_to_none=True)
+        adv = b_advantages[mb]
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        data = (b_obs[mb], b_actions[mb], b_logprobs[mb], adv, b_returns[mb], b_values[mb])
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        mb_stats, _ = gpu_utils.accumulate_gradients(mb_loss, data, a.minibatch_size, params)
+        torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
+        optimizer.step()
+        return mb_stats
+
+    step = gpu_utils.CudaGraph(minibatch_step, enabled=graph, name="update")
     times = []
     for _ in range(iterations):
         sync(device)
@@ -229,16 +248,7 @@ def time_update(agent, loss_fn, fused: bool, batch, a: Args, iterations: int, cu
         for _epoch in range(a.update_epochs):
             b_inds = torch.randperm(n, device=device)
             for start in range(0, n, a.minibatch_size):
-                mb = b_inds[start : start + a.minibatch_size]
-                adv = b_advantages[mb]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                data = (b_obs[mb], b_actions[mb], b_logprobs[mb], adv, b_returns[mb], b_values[mb])
-                if cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                mb_stats, _ = gpu_utils.accumulate_gradients(mb_loss, data, a.minibatch_size, params)
-                torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
-                optimizer.step()
-                stats += mb_stats
+                stats += step(b_inds[start : start + a.minibatch_size])
         stats.tolist()  # the script's one pull per iteration
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:]) * 1000
@@ -259,6 +269,11 @@ def main() -> int:
     p.add_argument("--out", default="", help="folder for profile_atari_<device>.md (empty: print only)")
     p.add_argument("--host-only", action="store_true", help="time the rollout's host work alone on the CPU")
     p.add_argument("--repeats", type=int, default=20, help="repeats of the host work timing (--host-only)")
+    p.add_argument(
+        "--script-paths",
+        action="store_true",
+        help="only what ppo_atari.py runs: eager, and --compile --cudagraphs (the update as one CUDA graph)",
+    )
     o = p.parse_args()
     checks = {  # the one-line error for each condition that must hold (ale-py crashes on 0 envs)
         f"--env-id {o.env_id!r} is not an ALE/<Game>-v5 id": o.env_id.startswith("ALE/") and o.env_id in gym.registry,
@@ -319,6 +334,8 @@ def main() -> int:
                     True,
                 )
             )
+    if o.script_paths:  # ppo_atari.py's own: eager, and --compile (with --cudagraphs on CUDA)
+        variants = [v for v in variants if v[0] in ("eager", "compile reduce-overhead" if cuda else "compile")]
     host_obs = torch.as_tensor(envs.step(np.zeros(a.num_envs, dtype=np.int64))[0].copy())
     host_obs = host_obs.pin_memory() if cuda else host_obs
     rollout_ms = {}
@@ -361,21 +378,26 @@ def main() -> int:
     b_advantages = torch.randn(batch_size, device=device, generator=g)
     b_returns = values + b_advantages
     batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, values)
-    update_variants = [("eager, Adam foreach", ppo_loss, False, False)]
+    # (name, loss, Adam fused, loss compiled with CUDA graphs, the minibatch step as one CUDA graph)
+    update_variants = [("eager, Adam foreach", ppo_loss, False, False, False)]
     if cuda:
-        update_variants.append(("eager, Adam fused", ppo_loss, True, False))
+        update_variants.append(("eager, Adam fused", ppo_loss, True, False, False))
     if not o.no_compile:
-        update_variants.append(("compiled loss, Adam foreach", torch.compile(ppo_loss), False, False))
+        update_variants.append(("compiled loss, Adam foreach", torch.compile(ppo_loss), False, False, False))
         if cuda:
-            update_variants.append(("compiled loss, Adam fused", torch.compile(ppo_loss), True, False))
+            update_variants.append(("compiled loss, Adam fused", torch.compile(ppo_loss), True, False, False))
             cg_loss = torch.compile(ppo_loss, mode="reduce-overhead")
-            update_variants.append(("compiled reduce-overhead loss, Adam foreach", cg_loss, False, True))
-            update_variants.append(("compiled reduce-overhead loss, Adam fused", cg_loss, True, True))
+            update_variants.append(("compiled reduce-overhead loss, Adam foreach", cg_loss, False, True, False))
+            update_variants.append(("compiled reduce-overhead loss, Adam fused", cg_loss, True, True, False))
+            update_variants.append((GRAPH_UPDATE, torch.compile(ppo_loss), True, False, True))
+    if o.script_paths:  # eager (fused Adam, as on a CPU too) and what --cudagraphs runs
+        graph = [v for v in update_variants if v[0] == GRAPH_UPDATE]
+        update_variants = [("eager, Adam fused", ppo_loss, True, False, False), *graph]
     update_ms = {}
-    for name, loss_fn, fused, cg in update_variants:
+    for name, loss_fn, fused, cg, graph in update_variants:
         update_ms[name] = row(
             f"update ({name}), {batch_size // a.minibatch_size} x {a.update_epochs} minibatches",
-            time_update(agent, loss_fn, fused, batch, a, o.iterations, cg),
+            time_update(agent, loss_fn, fused, batch, a, o.iterations, cg, graph),
             "ms / iteration",
         )
 

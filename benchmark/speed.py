@@ -708,13 +708,13 @@ AB_KEYS = {  # rows of the profile that old code runs too (flags it has), the sp
 
 def before_code(before: str) -> tuple[str, str]:
     """The folder of the old scripts (and gpu_utils.py, which they import from beside them) and what it is: a folder
-    as given (its REF file, written by `dev/gpu_check.sh before REF`, names the commit), or a git commit of this
+    as given (its REF file, written by `speed.py before REF FOLDER`, names the commit), or a git commit of this
     repository, copied out with `git archive` into a temporary folder."""
-    if os.path.isdir(before):  # made by `dev/gpu_check.sh before REF` (export_before)
+    if os.path.isdir(before):  # made by `speed.py before` or `dev/gpu_lease.py prepare` (export_before)
         missing = [f for f in AB_SCRIPTS if not os.path.isfile(os.path.join(before, f))]
         if missing:
             raise UsageError(
-                f"--before {before}: no {', '.join(missing)} there; fill it with `dev/gpu_check.sh before REF` "
+                f"--before {before}: no {', '.join(missing)} there; fill it with `speed.py before REF {before}` "
                 "(git archive REF of the scripts and gpu_utils.py)"
             )
         ref_file = os.path.join(before, "REF")
@@ -727,7 +727,7 @@ def before_code(before: str) -> tuple[str, str]:
     if not commit:
         raise UsageError(
             f"--before {before}: neither a folder nor a commit of this repository (give a folder made by "
-            "`dev/gpu_check.sh before REF`, or a commit where git and the history are at hand)"
+            "`speed.py before REF FOLDER`, or a commit where git and the history are at hand)"
         )
     folder = tempfile.mkdtemp(prefix="speed_before_")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the copy lives as long as this tool
@@ -746,7 +746,8 @@ def resolve_commit(ref: str) -> str:
 
 def export_before(commit: str, folder: str) -> None:
     """Copy ``commit``'s scripts and gpu_utils.py into ``folder`` with `git archive` and name the commit in its REF
-    file (`ab --before` on a commit, and `dev/gpu_check.sh before` for the GPU machine, which has no history)."""
+    file (`ab --before` on a commit, `before`, and `dev/gpu_lease.py prepare` for the GPU machine, which has no
+    history)."""
     archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", commit, *AB_SCRIPTS], capture_output=True)
     if archive.returncode != 0:
         raise UsageError(f"before: git archive of {commit} failed: {archive.stderr.decode().strip().splitlines()[-1]}")
@@ -1074,7 +1075,7 @@ def parser() -> Parser:
 
     b = sub.add_parser("ab", help="old and new code at the same settings, interleaved on this machine")
     b.add_argument(
-        "--before", required=True, help="the old code: a folder (dev/gpu_check.sh before REF) or a git commit"
+        "--before", required=True, help="the old code: a folder (speed.py before REF FOLDER) or a git commit"
     )
     b.add_argument(
         "--profile",

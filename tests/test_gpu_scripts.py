@@ -117,3 +117,51 @@ def test_snake_training_step_as_one_cuda_graph_learns_as_the_eager_step(tmp_path
         weights[name] = torch.load(model, weights_only=True)["model"]
     for key, eager in weights["eager"].items():
         torch.testing.assert_close(weights["graph"][key], eager, rtol=1e-4, atol=1e-5, msg=key)
+
+
+# a CPU run that leaves a checkpoint, then its resume on the GPU for a few more iterations: (the CPU run's arguments,
+# the resumed run's total steps, what the script prints when its update is one CUDA graph)
+RESUMES = {
+    "ppo_atari.py": (
+        ["--num-envs", 8, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2, "--total-timesteps", 512],
+        1024,
+        "update: one CUDA graph per minibatch step",
+    ),
+    "ppo_continuous.py": (
+        ["--env-id", "Pendulum-v1", "--preset", "fast", "--num-envs", 2, "--num-steps", 64, "--num-minibatches", 2]
+        + ["--update-epochs", 2, "--total-timesteps", 256],
+        512,
+        "update: one CUDA graph per minibatch step",
+    ),
+    "dqn_snake_vec.py": (
+        ["--num-envs", 256, "--batch-size", 64, "--buffer-size", 8192, "--learning-starts", 1024]
+        + ["--log-every", 2560, "--total-timesteps", 256 * 8],
+        256 * 24,
+        "training step: one CUDA graph",
+    ),
+}
+
+
+@pytest.mark.parametrize("script", RESUMES)
+def test_a_cpu_checkpoint_resumes_with_cudagraphs_and_its_update_is_captured(tmp_path, script):
+    """A run stopped on a CPU continues on a GPU with --cudagraphs. Its checkpoint's optimizer says capturable=False;
+    loaded as it is, the capture fails ("<name>: eager (CUDA graph capture failed: ...)") and the run goes on slower
+    with only that line to say so. The resumed run's optimizer is capturable and its update (Snake: its training
+    step) is one graph."""
+    import torch
+
+    args, total, captured = RESUMES[script]
+    run(script, [*args, "--gpu", "false", "--checkpoint-every", 1], tmp_path)
+    (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoint.pt")
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    assert ckpt["optimizer"]["param_groups"][0]["capturable"] is False  # as a CPU run writes it
+    ckpt["args"]["total_timesteps"] = total  # more iterations, as a stopped run would have left
+    ckpt["status"] = "stopped"
+    torch.save(ckpt, ckpt_path)
+    out = run(script, ["--resume", ckpt_path, "--gpu", "true", "--cudagraphs"], tmp_path)
+    assert "device: cuda" in out and captured in out
+    assert "CUDA graph capture failed" not in out, out[-2000:]
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    assert ckpt["status"] == "finished" and ckpt["global_step"] == total
+    assert ckpt["optimizer"]["param_groups"][0]["capturable"] is True
+    assert len(list((tmp_path / "runs").iterdir())) == 1

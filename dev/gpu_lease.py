@@ -1,0 +1,424 @@
+"""One GPU lease, one call: every GPU check of this project, the most important first, inside 8 minutes.
+
+    python dev/gpu_lease.py prepare                      # here: old code, wheels, flag and size checks
+    source .whl/on-device.sh && python3 dev/gpu_lease.py run --out "$OUT"     # the call (CONTRIBUTING.md)
+    python dev/gpu_lease.py run --dry-run --out /tmp/lease --before DIR        # here: tiny sizes on the CPU
+
+`prepare` copies commit 7351b50's scripts (the last measured on a GPU) into .lease/before and the GPU machine's
+wheels into .whl/, both git-ignored, parses every run's flags with its script's own Args, old and new, and checks
+that the call carries at most 64 MiB. `run` starts the parts one after another, each a process of its own with a
+time limit (past it: SIGINT, a kill 15 s later) that keeps the later parts a share of --seconds, so a part that fails
+or overruns leaves the others, and time running out cuts the last runs of a part, not whole parts. Each part writes
+a file under --out (a call brings back at most 8):
+
+    facts     the GPU, the CPUs, torch, the compiler and Python's headers (torch.compile needs both)    machine.txt
+    tests     pytest -m gpu: every gpu-marked test                                                       pytest_gpu.txt
+    ab        new and old code, group by group, at the settings of the speed targets                    ab.md
+    ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
+    profile   benchmark/profile_atari.py --script-paths: the update's ms per iteration, every phase     profile_*.md
+
+then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
+limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
+spent 20-30 s before its first SPS, beast --subproc about 35 s (its 64 env processes start), pytest -m gpu 97 s for
+13 tests on 4 workers; the wheels install in about 15 s before `run` starts. So the last runs of `ab` (Snake at 65,536
+games, the dense step) may not fit: the table says which were skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+import speed  # noqa: E402  (Setting, Run, the ceilings and tables: one way to read a rate)
+from speed import UsageError  # noqa: E402  (its Parser turns a bad argument into one: one line, exit 2)
+
+import gpu_utils  # noqa: E402  (speed put the repository root on the path)
+
+BEFORE_REF = "7351b50"  # the last commit measured on a GPU (two H100 leases, 2026-11-23)
+BEFORE = os.path.join(ROOT, ".lease", "before")
+SKIPPED_WHEELS = ("mujoco_mjx", "trimesh", "importlib_resources")  # MJX and its needs: no part uses them
+ATARI_WHEELS = ("gymnasium", "farama_notifications", "ale_py", "tyro", "docstring_parser", "typeguard", "shtab")
+CARRY_LIMIT = 64 * 2**20  # one call: tracked files, untracked files git does not ignore, carried paths
+GRACE_S = 15  # after SIGINT, the seconds a part has to write what it has
+# (part, its output, the most seconds it may take, the seconds kept for it while the parts before it run)
+PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 130, 60), ("ab", "lease.log", 240, 100)]
+PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45)]
+FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
+echo "CPUs: $(nproc --all),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"; echo "gcc: $(gcc --version | head -1)"
+"$0" -c 'import os, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); print("Python.h:", h,
+"present" if os.path.isfile(h) else "MISSING (torch.compile needs it)")'; "$0" gpu_utils.py 4"""
+# the dry run on a CPU: each script's steps per iteration (log window: dqn_snake_vec.py) and tiny sizes, and the flags
+# (with how many values follow) its runs leave out: the compiler takes minutes there and CUDA graphs need CUDA (the
+# flag check still parses them)
+TINY = {
+    "ppo_atari.py": (128, ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]),
+    "ppo_continuous.py": (
+        128,
+        ["--num-envs", "1", "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1"],
+    ),
+    "dqn_snake_vec.py": (
+        64,
+        ["--num-envs", "16", "--learning-starts", "32", "--log-every", "64", "--batch-size", "16"],
+    ),
+}
+GPU_ONLY = {"--compile": 0, "--cudagraphs": 0, "--env-mode": 1}
+
+
+def training_runs(before: str) -> list[speed.Setting]:
+    """The before/after runs in the order they run, the targets' first: each group's new code, then its old (one
+    round; a group's two runs follow each other), and last the new code's dense Snake beside its fused one."""
+    fast = ["--gpu", "true", "--compile", "--cudagraphs"]
+    atari = ["--env-id", "ALE/Breakout-v5", *fast]
+    beast = ["--env-id", "HalfCheetah-v5", "--gpu", "true", "--preset", "beast", "--subproc"]
+
+    def ppo_atari(code: str, extra: tuple[str, ...] = ()) -> speed.Setting:
+        label = " ".join(["ppo_atari.py defaults (16 envs, Breakout), --compile --cudagraphs", *extra])
+        return speed.Setting(f"ppo_atari/{code}", label, "ppo_atari.py", [*atari, *extra], 2048, 10)
+
+    def dqn(n: int, code: str, mode: str = "fused") -> speed.Setting:
+        label = f"dqn_snake_vec.py --num-envs {n} --compile --cudagraphs"
+        if code == "before":  # 7351b50 has only the dense step
+            return speed.snake(f"dqn{n}/before", f"{label}, dense", n, 4, fast)
+        return speed.snake(f"dqn{n}/{mode}", f"{label} --env-mode {mode}", n, 4, [*fast, "--env-mode", mode])
+
+    def ppo_continuous(code: str) -> speed.Setting:
+        label = "ppo_continuous.py --preset beast --subproc (HalfCheetah-v5)"
+        return speed.Setting(f"beast/{code}", label, "ppo_continuous.py", beast, 32768, 3)
+
+    runs = [ppo_atari("after"), ppo_atari("before"), ppo_atari("after-async", ("--async-envs", "8"))]
+    runs += [dqn(4096, "after"), dqn(4096, "before"), ppo_continuous("after"), ppo_continuous("before")]
+    runs += [dqn(65536, "after"), dqn(65536, "before"), dqn(4096, "after", "dense"), dqn(65536, "after", "dense")]
+    for s in runs:
+        if s.key.endswith("/before"):
+            s.script, s.label = os.path.join(before, s.script), f"before ({BEFORE_REF}): {s.label}"
+    return runs
+
+
+def tiny(setting: speed.Setting) -> speed.Setting:
+    """The dry run's CPU version of a run: --gpu false, the tiny sizes instead of its own, no GPU_ONLY flags."""
+    steps, flags = TINY[os.path.basename(setting.script)]
+    drop, args, skip = GPU_ONLY | dict.fromkeys(flags[::2], 1), [], 0
+    for arg in setting.args:
+        if skip or arg in drop:
+            skip = skip - 1 if skip else drop[arg]
+        else:
+            args.append("false" if args[-1:] == ["--gpu"] else arg)
+    return replace(setting, args=[*args, *flags], batch=steps, iters=2)
+
+
+def check_flags(before: str) -> list[str]:
+    """Parse every run's arguments with its own script's Args (tyro), the old code's and the new: a flag a script
+    lacks shows here, not on the GPU machine. Returns the commands that do not parse."""
+    import tyro
+
+    modules, bad = {}, []
+    for s in training_runs(before):
+        path = os.path.join(ROOT, s.script)
+        if path not in modules:  # under a name of its own; its `import gpu_utils` finds the one beside it
+            folder, ours = os.path.dirname(path), sys.modules.pop("gpu_utils")
+            sys.path.insert(0, folder)
+            try:
+                name = f"lease{len(modules)}_{os.path.basename(path)[:-3]}"
+                spec = importlib.util.spec_from_file_location(name, path)
+                modules[path] = sys.modules[name] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(modules[path])
+            finally:
+                sys.path.remove(folder)
+                sys.modules["gpu_utils"] = ours
+        try:
+            tyro.cli(modules[path].Args, args=s.argv(1.0)[1:])
+        except SystemExit:
+            bad.append(s.shown(1.0))
+    return bad
+
+
+# ---------------------------------------------------------------- the parts
+
+
+def part_ab(o) -> int:
+    """Every run once, one after another; the table is rewritten after each, so a part cut off keeps what it measured.
+    The dry run checks every run's flags, then runs each new script once, tiny, all at once (the runs of the same
+    script differ in GPU flags and sizes, which the flag check covers)."""
+    runs, info, results = training_runs(o.before), speed.machine_info(), {}
+    if o.dry_run:
+        bad = check_flags(o.before)
+        if bad:
+            print("error: flags their script lacks: " + "; ".join(bad), file=sys.stderr)
+            return 2
+        runs = [tiny(s) for s in runs]
+        new = sorted([s for s in runs if not s.key.endswith("/before")], key=lambda s: len(s.args))
+        fullest = {s.script: s for s in new}.values()  # each script once, at its setting with the most flags
+        done = dict(zip([s.shown(1.0) for s in fullest], speed.run_together([speed.Run(s, 1.0, 300) for s in fullest])))
+        results = {s.key: replace(done[s.shown(1.0)], label=s.label) for s in runs if s.shown(1.0) in done}
+    deadline = time.monotonic() + o.seconds
+    for s in [] if o.dry_run else runs:
+        left = deadline - time.monotonic()
+        if left < 30:  # a compiled run needs about 20 s before its first SPS
+            results[s.key] = speed.Result(s.label, s.shown(1.0), status="skipped: the part's time was up")
+        else:
+            results[s.key] = speed.run_setting(s, 1.0, min(120, left - 5))
+        write(o, "ab", f"Before ({BEFORE_REF}) and after, same lease", info, results)
+    write(o, "ab", f"Before ({BEFORE_REF}) and after, same lease", info, results)
+    return 0 if all(r.ok for r in results.values()) else 1
+
+
+def part_ceilings(o) -> int:
+    """The envs alone, what the targets need first: VecSnake at 2^22 games (the 1e9 target), beast's 64 MuJoCo envs
+    in subprocesses, ppo_atari's 16 Atari envs (and in async batches of 8), then VecSnake at 2^20, 2^16 and 4,096
+    games (dqn_snake_vec.py's target size). Dense and fused; on a CPU no fused step (its compile takes a minute)."""
+    cpu = o.dry_run
+    seconds, device, threads = (0.3, "cpu", 1) if cpu else (1.5, "cuda", gpu_utils.available_cpus())
+    atari, mujoco = (4, 1) if cpu else (16, 64)
+    modes = ["dense"] if cpu else ["dense", "fused"]
+    big, small = ([64], [128]) if cpu else ([2**16, 2**20, 2**22], [4096])
+
+    def snake(sizes):
+        return [(f"snake-{mode}/{n}", speed.snake_row, n, device, mode, seconds) for n in sizes for mode in modes]
+
+    measures = [*snake(big[-1:]), ("mujoco", speed.mujoco_row, "HalfCheetah-v5", mujoco, True, seconds)]
+    measures += [("atari", speed.atari_row, atari, threads, seconds)]
+    measures += [("atari-async", speed.atari_row, atari, threads, seconds, atari // 2), *snake(big[-2::-1] + small)]
+    deadline, info, results = time.monotonic() + o.seconds, speed.machine_info(), {}
+    for key, measure, *args in measures:
+        if deadline - time.monotonic() < 10:
+            break
+        results[key] = measure(*args)
+        write(o, "ceilings", "Environment ceilings, same lease", info, results)
+    return 0 if results and all(r.ok for r in results.values()) else 1
+
+
+def write(o, name: str, title: str, info: dict, results: dict[str, speed.Result]) -> None:
+    """The part's table (name.md under --out) and its figures for the summary (name.json in --work)."""
+    note = "dry run: tiny sizes on the CPU, without --compile, --cudagraphs, --env-mode" if o.dry_run else ""
+    table = [*speed.results_table(list(results.values())), *speed.failures(list(results.values()))]
+    with open(os.path.join(o.out, f"{name}.md"), "w") as f:
+        f.write(speed.document(title, info, note, table))
+    with open(os.path.join(o.work, f"{name}.json"), "w") as f:
+        json.dump({key: r.sps if r.ok else None for key, r in results.items()}, f)
+
+
+# ---------------------------------------------------------------- the call
+
+
+def run_part(name: str, argv: list[str], limit: float, output: str) -> str:
+    """One part in a process group of its own, its output appended to ``output``; past ``limit`` seconds it gets
+    SIGINT (pytest prints its summary, the speed runs get SIGTERM and the tables are written), GRACE_S later SIGKILL."""
+    with open(output, "a") as out:
+        out.write(f"===== {name}, at most {limit:.0f} s: {shlex.join(argv)}\n")
+        out.flush()
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return f"cut off at its limit of {limit:.0f} s"
+    return "ok" if rc == 0 else f"failed (exit {rc})"
+
+
+def cmd_run(o) -> int:
+    start = time.monotonic()
+    o.out, o.before = os.path.abspath(o.out), os.path.abspath(o.before)  # the parts run in the repository's root
+    if not os.path.isfile(os.path.join(o.before, "REF")):
+        raise UsageError(f"no old code in {o.before}: run `python dev/gpu_lease.py prepare` here and carry .lease")
+    os.makedirs(o.out, exist_ok=True)
+    os.environ.update(WANDB_MODE="offline", PYTHONUNBUFFERED="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "disable"))
+    if o.dry_run:  # one thread per process: on a busy CPU, OpenMP's spinning workers only burn time
+        os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    work = tempfile.mkdtemp(prefix="gpu_lease_")
+    me = [sys.executable, os.path.abspath(__file__), "part", "--out", o.out, "--work", work, "--before", o.before]
+    me += ["--dry-run"] if o.dry_run else []
+    # the dry run collects one test file (the whole suite's collection takes a CPU long, and CI collects it anyway)
+    tests = ["-p", "no:cacheprovider", "-q", "-n", "0" if o.dry_run else "8"]
+    tests.append("tests/test_cuda_graph.py" if o.dry_run else "tests")
+    profile = ["--device", "cuda", "--steps", "150"]
+    if o.dry_run:
+        profile = ["--device", "cpu", "--no-compile", "--num-envs", "2", "--num-steps", "8", "--minibatch-size", "8"]
+        profile += ["--steps", "12", "--iterations", "2"]
+    commands = {
+        "facts": ["bash", "-c", FACTS, sys.executable],
+        "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
+        "ab": [*me, "ab"],
+        "ceilings": [*me, "ceilings"],
+        "profile": [sys.executable, "benchmark/profile_atari.py", "--script-paths", *profile, "--out", o.out],
+    }
+    statuses, parts = [], [part for part in PARTS if part[0] in o.parts]
+    for i, (name, output, cap, _) in enumerate(parts):
+        kept = sum(floor for *_, floor in parts[i + 1 :]) + 5  # for the parts after it, and 5 s for the summary
+        limit = min(cap, o.seconds - (time.monotonic() - start) - kept)
+        if limit < 15:
+            statuses.append([name, "skipped: the call's time was up", "0", "-"])
+            continue
+        argv = commands[name] + (["--seconds", f"{limit - GRACE_S:.0f}"] if name in ("ab", "ceilings") else [])
+        print(f"[lease] {name}: at most {limit:.0f} s ...", flush=True)
+        t0 = time.monotonic()
+        status = run_part(name, argv, limit, os.path.join(o.out, output))
+        statuses.append([name, status, f"{time.monotonic() - t0:.0f}", f"{limit:.0f}"])
+        print(f"[lease] {name}: {status}, {statuses[-1][2]} s", flush=True)
+    text = summary(o, work, statuses, time.monotonic() - start)
+    shutil.rmtree(work, ignore_errors=True)
+    with open(os.path.join(o.out, "summary.md"), "w") as f:
+        f.write(text)
+    print("\n" + text, end="")
+    return 0 if all(status == "ok" for _, status, _, _ in statuses) else 1
+
+
+def profiled_update(out: str) -> tuple[str, float | None]:
+    """profile_atari.py's update row: the one as ppo_atari.py --cudagraphs runs it (on a GPU), else its first (eager,
+    on a CPU). Returns (phase, ms per iteration)."""
+    for name in ("profile_atari_cuda.md", "profile_atari_cpu.md"):
+        if os.path.isfile(os.path.join(out, name)):
+            with open(os.path.join(out, name)) as f:
+                rows = [line.strip("| ").split(" | ")[:2] for line in f if line.startswith("| update (")]
+            rows = [(phase, float(ms)) for phase, ms in rows]
+            graph = [row for row in rows if "one CUDA graph" in row[0]]
+            if rows:
+                return (graph or rows)[0]
+    return "update (not profiled)", None
+
+
+def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
+    """Each speed target beside its figure and their ratio (>= 1 meets it), the share of the env's own rate it
+    reached and the old code's figure; then every new run against its group's old one, and each part's status."""
+    ab, env = {}, {}
+    for figures, name in ((ab, "ab"), (env, "ceilings")):
+        if os.path.isfile(os.path.join(work, f"{name}.json")):
+            with open(os.path.join(work, f"{name}.json")) as f:
+                figures.update(json.load(f))
+    snakes = {key: rate for key, rate in env.items() if key.startswith("snake-") and rate}
+    best = max(snakes, key=snakes.get, default="none")
+    phase, ms = profiled_update(o.out)
+
+    def old(key: str) -> float | None:  # its group's old-code run (7351b50 has no --async-envs, only dense Snake)
+        return ab.get(key.split("/")[0] + "/before")
+
+    def row(figure, key, target, goal, env_rate=None, measured=None, unit="SPS"):
+        """goal: the target's number (an ms figure meets it from below, a rate from above)."""
+        measured = measured or ab.get(key)
+        if not measured:
+            return [figure, "not measured", target, *[speed.DASH] * 4]
+        ratio = goal / measured if unit.startswith("ms") else measured / goal
+        shown = f"{speed.fmt(measured, 1 if unit.startswith('ms') else 0)} {unit}"
+        of_env = f"{measured / env_rate:.0%}" if env_rate else speed.DASH
+        vs_old = f"{measured / old(key):.2f}x" if old(key) else speed.DASH
+        return [figure, shown, target, f"{ratio:.2f}", "yes" if ratio >= 1 else "no", of_env, vs_old]
+
+    atari, dqn = "ppo_atari.py --compile --cudagraphs", "dqn_snake_vec.py --compile --cudagraphs, 4,096 games"
+    ten_k, one_m, mujoco = ">= 10,000 SPS", ">= 1,000,000 SPS", env.get("mujoco")
+    beast = f">= 20,000 SPS or >= 90% of the MuJoCo ceiling ({speed.fmt(mujoco)})"
+    beast_goal = min(20_000, 0.9 * mujoco) if mujoco else 20_000  # meeting either target meets it
+    rows = [
+        row(atari, "ppo_atari/after", ten_k, 1e4, env.get("atari")),
+        row(f"{atari} --async-envs 8", "ppo_atari/after-async", ten_k, 1e4, env.get("atari-async")),
+        row(f"PPO {phase}", "", "<= 25 ms / iteration", 25, measured=ms, unit="ms / iteration"),
+        row("ppo_continuous.py --preset beast --subproc", "beast/after", beast, beast_goal, mujoco),
+        row(f"VecSnake, best ceiling ({best})", "", ">= 1e9", 1e9, measured=snakes.get(best), unit="env steps/s"),
+        row(f"{dqn}, fused", "dqn4096/fused", one_m, 1e6, env.get("snake-fused/4096")),
+        row(f"{dqn}, dense", "dqn4096/dense", one_m, 1e6, env.get("snake-dense/4096")),
+    ]
+    changes = [[key, f"{sps / old(key):.2f}x"] for key, sps in ab.items() if "before" not in key and sps and old(key)]
+    dry = " (dry run: tiny sizes on the CPU, the figures mean nothing)" if o.dry_run else ""
+    header = "figure | measured | target | ratio (>= 1 meets it) | met | of the env's own rate | after / before"
+    machine = (
+        f"- GPU: {speed.machine_info()['GPU']}; CPUs: {os.cpu_count()}; the parts took {wall:.0f} s of {o.seconds:.0f}"
+    )
+    lines = [f"# GPU lease: summary{dry}", "", machine]
+    lines += ["", *speed.md_table(header, rows), ""]
+    lines += [*speed.md_table(f"run (ab.md) | after / before ({BEFORE_REF})", changes), ""]
+    return "\n".join([*lines, *speed.md_table("part | status | seconds | limit s", statuses)]) + "\n"
+
+
+# ---------------------------------------------------------------- here, before the call
+
+
+def wheels_for(names: list[str], atari_only: bool) -> list[str]:
+    """The kit's wheels a call carries: all but MJX's, or only ppo_atari.py's (a training call carrying a run)."""
+    packages = {name: name.split("-")[0] for name in names}
+    if atari_only:
+        return sorted(name for name, package in packages.items() if package in ATARI_WHEELS)
+    return sorted(name for name, package in packages.items() if package not in SKIPPED_WHEELS)
+
+
+def cmd_prepare(o) -> int:
+    commit = speed.resolve_commit(o.ref)
+    if not commit:
+        raise UsageError(f"'{o.ref}' is not a commit here (the old code needs this checkout's history)")
+    if not os.path.isdir(os.path.join(o.kit, "wheels")):
+        raise UsageError(f"no wheel kit at {o.kit} (its folder holds wheels/ and on-device.sh; give it with --kit)")
+    shutil.rmtree(BEFORE, ignore_errors=True)
+    speed.export_before(commit, BEFORE)
+    wheels = os.path.join(ROOT, ".whl")
+    shutil.rmtree(wheels, ignore_errors=True)
+    os.makedirs(wheels)
+    for name in wheels_for(os.listdir(os.path.join(o.kit, "wheels")), o.atari_only):
+        shutil.copy(os.path.join(o.kit, "wheels", name), wheels)
+    shutil.copy(os.path.join(o.kit, "on-device.sh"), wheels)
+    git = ["git", "-C", ROOT]  # .whl and .lease are in .gitignore: what the call carries never enters a commit
+    files = subprocess.check_output([*git, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], text=True)
+    files = [os.path.join(ROOT, f) for f in files.split("\0") if f]
+    carry = [".whl", ".lease", *o.carry]
+    for path in carry:
+        files += [os.path.join(folder, f) for folder, _, names in os.walk(os.path.join(ROOT, path)) for f in names]
+    carried = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    print(
+        f"prepare: {commit}'s scripts in .lease/before, {len(os.listdir(wheels)) - 1} wheels in .whl/; the call "
+        f"carries {carried / 2**20:.1f} MiB of {CARRY_LIMIT / 2**20:.0f} MiB, with {' '.join(carry)}"
+    )
+    if carried > CARRY_LIMIT:
+        raise UsageError(f"the call would carry {carried / 2**20:.1f} MiB, over {CARRY_LIMIT / 2**20:.0f} MiB")
+    bad = check_flags(BEFORE)
+    if bad:
+        raise UsageError("flags their script lacks: " + "; ".join(bad))
+    print("prepare: every run's flags parse with its script's Args, the old code's and the new")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = speed.Parser(prog="gpu_lease.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="mode", required=True, parser_class=speed.Parser)
+    pre = sub.add_parser("prepare", help="here, before the call: the old code, the wheels, flag and size checks")
+    pre.add_argument("--ref", default=BEFORE_REF, help="the old code's commit")
+    pre.add_argument("--kit", default=os.path.join(ROOT, "..", "shared", "gpu"), help="the wheel kit's folder")
+    pre.add_argument("--atari-only", action="store_true", help="only the wheels ppo_atari.py needs (a training call)")
+    pre.add_argument("--carry", nargs="*", default=[], help="more paths the call carries (a run: runs/<run>)")
+    run = sub.add_parser("run", help="on the GPU machine: the parts, inside --seconds")
+    names = [name for name, *_ in PARTS]
+    run.add_argument("--parts", nargs="+", choices=names, default=names, help="only these (a second call)")
+    part = sub.add_parser("part", help="one part (run starts them)")
+    part.add_argument("name", choices=["ab", "ceilings"])
+    part.add_argument("--work", required=True, help="the folder of the figures the summary reads")
+    for sp in (run, part):
+        sp.add_argument("--out", required=True, help="the folder of the files that come back ($OUT)")
+        sp.add_argument("--before", default=BEFORE, help="the old code's folder (prepare writes it)")
+        sp.add_argument("--seconds", type=float, default=450, help="the time of all parts (of the part, for part)")
+        sp.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check every command")
+    try:
+        o = p.parse_args(argv)
+        if o.mode == "prepare":
+            return cmd_prepare(o)
+        return cmd_run(o) if o.mode == "run" else {"ab": part_ab, "ceilings": part_ceilings}[o.name](o)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a part at its limit: what it measured is written already
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

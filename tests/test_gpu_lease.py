@@ -1,0 +1,233 @@
+"""The GPU lease travels and cannot fail on a typo: the tracked tree fits one call, dev/gpu_lease.py's step runs
+whole on the CPU at tiny sizes (every command's flags parsed by its script's Args, the tiny runs for real), a part
+past its limit is cut off without taking the others along, and the summary's ratios are the targets' own. Nothing
+here is timed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
+import gpu_lease  # noqa: E402
+
+sys.path.remove(os.path.join(ROOT, "dev"))
+MB = 1_000_000
+LEASE_FILES = ["ab.md", "ceilings.md", "lease.log", "machine.txt", "profile_atari_cpu.md", "pytest_gpu.txt"]
+
+
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    """Each markdown table row's first cell -> its other cells."""
+    rows = [line.strip().strip("|").split("|") for line in markdown.splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+def test_tracked_files_fit_one_lease_call():
+    """A call carries 64 MiB: the tree, the wheel kit (37 MB) and the old code. So at most 25 MB tracked and no file
+    over 8 MB (10M-step runs' checkpoints, 20 MB each, stay out of git)."""
+    listed = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    sizes = {f: os.path.getsize(os.path.join(ROOT, f)) for f in listed.stdout.split("\0") if f}
+    assert {f: size for f, size in sizes.items() if size > 8 * MB} == {}
+    assert sum(sizes.values()) <= 25 * MB, f"tracked files: {sum(sizes.values()) / MB:.1f} MB, over 25 MB"
+
+
+@pytest.fixture(scope="module")
+def old_code(tmp_path_factory):
+    """The old code the lease measures against: commit 7351b50's scripts, or where this clone lacks that history,
+    this checkout's (the flags of 7351b50 itself are then checked by `prepare`, which the lease needs anyway)."""
+    folder = tmp_path_factory.mktemp("before")
+    commit = gpu_lease.speed.resolve_commit(gpu_lease.BEFORE_REF)
+    if commit:
+        gpu_lease.speed.export_before(commit, str(folder))
+    else:
+        for name in gpu_lease.speed.AB_SCRIPTS:
+            shutil.copy(os.path.join(ROOT, name), folder / name)
+        (folder / "REF").write_text("this checkout\n")
+    return folder
+
+
+def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
+    out = tmp_path / "out"
+    cmd = [sys.executable, os.path.join(ROOT, "dev", "gpu_lease.py"), "run", "--dry-run", "--out", out]
+    res = subprocess.run([*map(str, cmd), "--before", str(old_code)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert sorted(os.listdir(out)) == sorted([*LEASE_FILES, "summary.md"])  # a call brings back at most 8 files
+    summary = (out / "summary.md").read_text()
+    assert res.stdout.endswith(summary)  # printed last: the reply shows the end of the output
+    for part in ["facts", "tests", "ab", "ceilings", "profile"]:
+        assert f"| {part} | ok |" in summary, part
+    rows = table_rows(summary)
+    for figure in [
+        "ppo_atari.py --compile --cudagraphs --async-envs 8",
+        "ppo_continuous.py --preset beast --subproc",
+        "PPO update (eager, Adam fused), 2 x 4 minibatches",
+        "dqn_snake_vec.py --compile --cudagraphs, 4,096 games, fused",
+    ]:
+        assert rows[figure][0] != "not measured" and rows[figure][3] in ("yes", "no"), (figure, rows[figure])
+    ab = (out / "ab.md").read_text()
+    for command in ["--async-envs 8 --num-steps 8", "--preset beast --subproc --num-envs 1", "--batch-size 16"]:
+        row = next(line for line in ab.splitlines() if command in line)
+        assert row.endswith("| ok |") and " SPS |" in row, row
+    ceilings = (out / "ceilings.md").read_text()
+    for what in ["VecSnake 10x10, 64 games", "HalfCheetah-v5, 1 envs, AsyncVectorEnv", "async batches of 2"]:
+        assert what in ceilings, what
+    assert "failed" not in ceilings
+    facts = (out / "machine.txt").read_text()
+    assert "Python.h:" in facts and "gcc:" in facts and "torch " in facts and "CPUs: " in facts
+    assert "1 skipped" in (out / "pytest_gpu.txt").read_text()
+    profile = table_rows((out / "profile_atari_cpu.md").read_text())  # --script-paths: what ppo_atari.py runs
+    assert [phase for phase in profile if phase.startswith(("policy (", "rollout,", "update ("))] == [
+        "policy (eager): copy in, act, actions out",
+        "rollout, sequential (eager)",
+        "rollout, 2 overlapped halves of 1 envs (eager)",
+        "update (eager, Adam fused), 2 x 4 minibatches",
+    ]
+
+
+def test_the_flag_check_parses_with_each_folders_own_script(tmp_path, monkeypatch):
+    """Old code is loaded beside its own gpu_utils; a flag its Args lacks is reported, the new script's is not."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "gpu_utils.py").write_text("OLD = True\n")
+    (old / "ppo_atari.py").write_text(
+        "from dataclasses import dataclass\nimport gpu_utils\nassert gpu_utils.OLD\n\n\n"
+        "@dataclass\nclass Args:\n    env_id: str = 'x'\n"
+    )
+    run = gpu_lease.speed.Setting("k/after", "new", "ppo_atari.py", ["--async-envs", "8"], 128, 2)
+    runs = [replace(run, key="k/before", script=str(old / "ppo_atari.py")), run]
+    runs.append(replace(run, key="k/typo", args=["--async-env", "8"]))
+    monkeypatch.setattr(gpu_lease, "training_runs", lambda before: runs)
+    bad = gpu_lease.check_flags(str(old))
+    assert bad == [runs[0].shown(1.0), runs[2].shown(1.0)]
+    assert sys.modules["gpu_utils"].__file__ == os.path.join(ROOT, "gpu_utils.py")  # ours again afterwards
+
+
+def test_a_part_past_its_limit_is_cut_off_and_one_that_ignores_sigint_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_lease, "GRACE_S", 1)
+    log = tmp_path / "log"
+    assert gpu_lease.run_part("fail", [sys.executable, "-c", "raise SystemExit(3)"], 30, str(log)) == "failed (exit 3)"
+    sleeper = "import time\nprint('started', flush=True)\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+    sleeper += "    print('wrote what it had', flush=True)\n    raise SystemExit(130)\n"
+    t0 = time.monotonic()
+    assert gpu_lease.run_part("slow", [sys.executable, "-c", sleeper], 1, str(log)) == "cut off at its limit of 1 s"
+    stubborn = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n"
+    assert gpu_lease.run_part("stubborn", [sys.executable, "-c", stubborn], 1, str(log)).startswith("cut off")
+    assert time.monotonic() - t0 < 20  # SIGKILL one GRACE_S after the SIGINT it ignored
+    text = log.read_text()
+    assert "===== slow, at most 1 s:" in text and "started\nwrote what it had" in text
+
+
+def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, monkeypatch, old_code):
+    """Each part gets at most its own limit and leaves the later parts their share: even when every part runs to its
+    limit, all of them run and the call ends inside --seconds."""
+    clock = [0.0]
+    limits = {}
+
+    def run_part(name, argv, limit, output):
+        limits[name] = limit
+        clock[0] += limit
+        return "cut off"
+
+    monkeypatch.setattr(gpu_lease.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(gpu_lease, "run_part", run_part)
+    args = ["run", "--out", str(tmp_path), "--before", str(old_code), "--seconds", "450"]
+    assert gpu_lease.main(args) == 1
+    assert limits == {"facts": 30, "tests": 130, "ab": 195, "ceilings": 45, "profile": 45}
+    assert clock[0] <= 450 - 5  # 5 s for the summary
+    clock[0] = 0
+    limits.clear()
+    assert gpu_lease.main([*args[:-1], "150", "--parts", "tests", "ab"]) == 1  # a second, shorter call
+    assert limits == {"tests": 45, "ab": 100}  # ab keeps its 100 s
+
+
+def test_summary_sets_each_figure_against_its_target(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    ab = {"ppo_atari/before": 5000.0, "ppo_atari/after": 12000.0, "ppo_atari/after-async": None}
+    ab |= {"beast/before": 12000.0, "beast/after": 14000.0, "dqn4096/before": 700_000.0, "dqn4096/fused": 1.4e6}
+    env = {"atari": 15000.0, "mujoco": 15000.0, "snake-dense/65536": 2e8, "snake-fused/4194304": 1.2e9}
+    env |= {"snake-fused/4096": 7e6}
+    (work / "ab.json").write_text(json.dumps(ab))
+    (work / "ceilings.json").write_text(json.dumps(env))
+    name = "update (one CUDA graph per minibatch step: compiled loss, Adam fused capturable), 8 x 4 minibatches"
+    (out / "profile_atari_cuda.md").write_text(
+        f"| phase | ms | per |\n|---|---|---|\n| update (eager, Adam fused), 8 x 4 minibatches | 190.5 | ms |\n"
+        f"| {name} | 20.000 | ms / iteration |\n"
+    )
+    text = gpu_lease.summary(
+        SimpleNamespace(out=str(out), dry_run=False, seconds=450), str(work), [["ab", "ok", "200", "215"]], 1
+    )
+    rows = table_rows(text)
+    assert rows["ppo_atari.py --compile --cudagraphs"] == ["12,000 SPS", ">= 10,000 SPS", "1.20", "yes", "80%", "2.40x"]
+    assert rows["ppo_atari.py --compile --cudagraphs --async-envs 8"][0] == "not measured"
+    assert rows[f"PPO {name}"][:4] == ["20.0 ms / iteration", "<= 25 ms / iteration", "1.25", "yes"]
+    # 14,000 is under 20,000 but 93% of a 15,000 ceiling: the second target is met
+    assert rows["ppo_continuous.py --preset beast --subproc"][2:6] == ["1.04", "yes", "93%", "1.17x"]
+    assert rows["VecSnake, best ceiling (snake-fused/4194304)"][:4] == [
+        "1,200,000,000 env steps/s",
+        ">= 1e9",
+        "1.20",
+        "yes",
+    ]
+    fused = rows["dqn_snake_vec.py --compile --cudagraphs, 4,096 games, fused"]
+    assert fused == ["1,400,000 SPS", ">= 1,000,000 SPS", "1.40", "yes", "20%", "2.00x"]
+    assert rows["dqn_snake_vec.py --compile --cudagraphs, 4,096 games, dense"][0] == "not measured"
+    assert rows["ppo_atari/after"] == ["2.40x"] and rows["dqn4096/fused"] == ["2.00x"]
+    assert "ppo_atari/after-async" not in rows  # no figure, no ratio
+    assert rows["ab"] == ["ok", "200", "215"]
+
+
+def test_a_call_carries_the_wheel_kit_less_mjx_or_for_training_only_the_atari_wheels():
+    kit = ["ale_py-0.12.1-cp312.whl", "mujoco-4.0.0-py3.whl", "mujoco_mjx-3.17.0-py3.whl", "tyro-1.0.17-py3.whl"]
+    kit += ["trimesh-5.2.0-py3.whl", "gymnasium-1.4.0-py3.whl", "shtab-1.13.0-py3.whl"]
+    assert gpu_lease.wheels_for(kit, atari_only=True) == [
+        "ale_py-0.12.1-cp312.whl",
+        "gymnasium-1.4.0-py3.whl",
+        "shtab-1.13.0-py3.whl",
+        "tyro-1.0.17-py3.whl",
+    ]
+    assert gpu_lease.wheels_for(kit, atari_only=False) == sorted(set(kit) - {kit[2], kit[4]})
+
+
+def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large(tmp_path):
+    repo, kit = tmp_path / "repo", tmp_path / "kit"
+    for name in [".gitignore", "dev/gpu_lease.py", "benchmark/speed.py", "run_utils.py", *gpu_lease.speed.AB_SCRIPTS]:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(ROOT, name), repo / name)
+    (kit / "wheels").mkdir(parents=True)
+    wheels = ["ale_py-0.12.1-cp312.whl", "mujoco-4.0.0-py3.whl", "mujoco_mjx-3.17.0-py3.whl", "tyro-1.0.17-py3.whl"]
+    wheels += ["trimesh-5.2.0-py3.whl", "gymnasium-1.4.0-py3.whl"]
+    for name in wheels:
+        (kit / "wheels" / name).write_bytes(b"wheel")
+    (kit / "on-device.sh").write_text("# installs the wheels\n")
+    git = lambda *args: subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    git("add", ".")
+    assert git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "old").returncode == 0
+    (repo / "big").write_bytes(b"")
+    os.truncate(repo / "big", 65 * 2**20)  # sparse: 65 MiB long, no disk
+    prepare = [sys.executable, str(repo / "dev" / "gpu_lease.py"), "prepare", "--kit", str(kit)]
+    res = subprocess.run([*prepare, "--ref", "HEAD"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.startswith("error: the call would carry 65.") and "over 64 MiB" in res.stderr
+    os.remove(repo / "big")
+    res = subprocess.run([*prepare, "--ref", "HEAD"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "every run's flags parse with its script's Args" in res.stdout and "of 64 MiB" in res.stdout
+    carried = sorted([w for w in wheels if not w.startswith(("mujoco_mjx", "trimesh"))] + ["on-device.sh"])
+    assert sorted(os.listdir(repo / ".whl")) == carried
+    head = git("rev-parse", "--short", "HEAD").stdout.strip()
+    assert (repo / ".lease" / "before" / "REF").read_text().strip() == head
+    assert git("status", "--porcelain").stdout == ""  # .whl and .lease are ignored: never in a commit
+    res = subprocess.run([*prepare, "--ref", "no-such-ref"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "'no-such-ref' is not a commit here" in res.stderr
