@@ -1,5 +1,6 @@
 # Double DQN on N Snake games that live as tensors on one device (a GPU when there is one) and step together.
 # Usage: python dqn_snake_vec.py                    python dqn_snake_vec.py --num-envs 4096 --gpu true
+import hashlib
 import itertools
 import os
 import sys
@@ -419,7 +420,11 @@ class VecSnake:
     def load_state_dict(self, state):
         for k in self._state_names:
             getattr(self, k).copy_(state[k])
-        self.gen.set_state(state["generator"])
+        saved = state["generator"]
+        if saved.numel() == self.gen.get_state().numel():
+            self.gen.set_state(saved)
+        else:  # another device type's generator (a CPU checkpoint on a GPU, say): new draws, seeded from the old
+            self.gen.manual_seed(int.from_bytes(hashlib.sha256(saved.numpy().tobytes()).digest()[:8], "little"))
 
 
 def snake_view(planes: np.ndarray, cell: int = 16) -> np.ndarray:

@@ -651,3 +651,18 @@ def test_memory_estimate_counts_the_acting_forward_over_every_game(tmp_path):
 
     small, large = activations_mib(32), activations_mib(1536)  # rows: max(3 x 32, 32) = 96, then 1536
     assert large / small == pytest.approx(1536 / 96, rel=0.02)
+
+
+def test_games_resume_on_another_device_type_with_new_random_games():
+    """A CUDA generator's state (16 bytes) does not fit a CPU generator (5,056 bytes), nor the other way round: a run
+    moved between a GPU and a CPU keeps its boards and continues with new random draws. Before: 'RNG state is wrong
+    size', which the resume turned into 'does not fit the network'."""
+    env = VecSnake(8, 6, 6, seed=0)
+    env.reset()
+    state = env.state_dict() | {"generator": torch.zeros(16, dtype=torch.uint8)}  # as a CUDA generator saves it
+    moved = VecSnake(8, 6, 6, seed=1)
+    moved.load_state_dict(state)
+    assert torch.equal(moved.ages, env.ages) and torch.equal(moved.head, env.head)
+    again = VecSnake(8, 6, 6, seed=2)
+    again.load_state_dict(state)
+    assert torch.equal(again.gen.get_state(), moved.gen.get_state())  # the new draws follow from the checkpoint
