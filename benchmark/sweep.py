@@ -393,6 +393,46 @@ def run_command(
     return cmd
 
 
+def start_run(
+    command: Sequence[str], cpus: Sequence[int], pin: bool, log, die_with_parent: bool = False
+) -> subprocess.Popen:
+    """Start one run in its slot from the repo root: OMP_NUM_THREADS = MKL_NUM_THREADS = its CPUs, pinned there with
+    ``taskset -c`` when ``pin``, stdout and stderr to the open file ``log``, in its own session (a Ctrl-C at the
+    terminal reaches the engine, which passes on one SIGTERM). With ``die_with_parent`` (Linux) the run also gets
+    SIGTERM when the engine dies, even by SIGKILL, so that it writes its checkpoint instead of running on unwatched.
+    Raises OSError when the interpreter or taskset cannot be started."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "MKL_NUM_THREADS": str(len(cpus))}
+    launch = slot_prefix(cpus, pin)[2:] + list(command)  # taskset (if pinned) and the command; variables in env
+    return subprocess.Popen(
+        launch,
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=term_with_parent(os.getpid()) if die_with_parent else None,
+    )
+
+
+def term_with_parent(parent: int):
+    """A preexec_fn asking Linux to send the child SIGTERM when ``parent`` dies (prctl PR_SET_PDEATHSIG), or None
+    where prctl is missing. libc is looked up here, in the parent: the child only makes the call."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def planned_slots(lanes_of: Sequence[int], slots: int) -> list[int]:
     """The slot each run would take if runs ended in the order they started (the dry run's guess): run i on lane g
     takes slot g * slots + (its place in lane g) % slots. Runs with lane -1 (not run) get -1."""
@@ -611,6 +651,23 @@ def slurm_spec(name: str, runs: Sequence[Run], python: str, tail: Sequence[str],
         "tail": list(tail),
         "runs": [{**asdict(run), "args": list(run.args), "log": log_name(i, run.label)} for i, run in enumerate(runs)],
     }
+
+
+def sbatch_directives(name: str, array: str, log_dir: str, opts: dict[str, str | None]) -> list[str]:
+    """The #SBATCH lines of a job array ``array`` (e.g. "0-7%2") named ``name``: SLURM's output to
+    LOG_DIR/slurm/%A_%a.out, SIGTERM 120 s before the time limit, and the options of ``opts`` (partition, time,
+    gpus_per_run, cpus_per_run, mem, account) that are set."""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --array={array}"]
+    lines += [f"#SBATCH --output={log_dir}/slurm/%A_%a.out", "#SBATCH --signal=B:TERM@120"]
+    for key, flag in (("partition", "partition"), ("time", "time")):
+        if opts.get(key):
+            lines.append(f"#SBATCH --{flag}={opts[key]}")
+    if opts.get("gpus_per_run") and opts["gpus_per_run"] != "0":
+        lines.append(f"#SBATCH --gres=gpu:{opts['gpus_per_run']}")
+    for key, flag in (("cpus_per_run", "cpus-per-task"), ("mem", "mem"), ("account", "account")):
+        if opts.get(key):
+            lines.append(f"#SBATCH --{flag}={opts[key]}")
+    return lines
 
 
 def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | None], engine_python: str) -> str:
