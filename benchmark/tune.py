@@ -66,6 +66,7 @@ NOT_PASSED = {"seed": "--seeds", "env_id": "--envs", "exp_name": "--study-name",
 NOT_PASSED |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
 HEARTBEAT_S = 60.0  # how often a tuner stamps its running trials (user attribute tune:heartbeat)
 POLL_S = 1.0
+KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
 
 
 class TuneError(ValueError):
@@ -162,7 +163,7 @@ def convert(text: str, f: Field, what: str) -> object:
         else:
             value = text
     except ValueError:
-        raise TuneError(f"{what}: '{text}' is not a {f.kind} for {f.flag}") from None
+        raise TuneError(f"{what}: {f.flag} takes {KIND_WORDS[f.kind]}, not '{text}'") from None
     if f.choices and value not in f.choices:
         raise TuneError(f"{what}: {f.flag} takes one of {', '.join(map(str, f.choices))}, not '{text}'")
     return value
@@ -1291,11 +1292,23 @@ def main_study(argv: list[str]) -> int:
     return work(a, study, config, storage, log_dir)
 
 
-def main_attach(argv: list[str]) -> int:
+def attach_parser() -> Parser:
     p = Parser(prog="benchmark/tune.py attach", description="Run trials of an existing study here.")
     add_study_options(p)
     add_runtime_options(p)
-    a = p.parse_args(argv)
+    return p
+
+
+def report_parser() -> Parser:
+    p = Parser(prog="benchmark/tune.py report", description="The best trials, importances and history of a study.")
+    add_study_options(p)
+    p.add_argument("--out", help="where report.md and the PNGs go (default: the study's log dir)")
+    p.add_argument("--top", type=int, default=10, help="best trials in the table (default 10)")
+    return p
+
+
+def main_attach(argv: list[str]) -> int:
+    a = attach_parser().parse_args(argv)
     log_dir, storage = study_paths(a)
     quiet_optuna()
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0") or 0)
@@ -1305,11 +1318,7 @@ def main_attach(argv: list[str]) -> int:
 
 
 def main_report(argv: list[str]) -> int:
-    p = Parser(prog="benchmark/tune.py report", description="The best trials, importances and history of a study.")
-    add_study_options(p)
-    p.add_argument("--out", help="where report.md and the PNGs go (default: the study's log dir)")
-    p.add_argument("--top", type=int, default=10, help="best trials in the table (default 10)")
-    a = p.parse_args(argv)
+    a = report_parser().parse_args(argv)
     log_dir, storage = study_paths(a)
     quiet_optuna()
     study, config = load_study(open_storage(storage), a.study_name, None)
