@@ -545,22 +545,11 @@ def run_local(
                     with open(logs[i], "w") as log:
                         log.write(f"# {stamp()} slot {slot.index}: {shlex.join(prefix + commands[i])}\n")
                         log.flush()
-                        env = {**os.environ, "OMP_NUM_THREADS": str(len(slot.cpus))}
-                        env["MKL_NUM_THREADS"] = env["OMP_NUM_THREADS"]
-                        launch = prefix[2:] + commands[i]  # taskset (if pinned) and the command; variables in env
-                        # its own session: a Ctrl-C at the terminal reaches the engine, which passes on one SIGTERM
                         try:
-                            slot.proc = subprocess.Popen(
-                                launch,
-                                cwd=REPO_ROOT,
-                                env=env,
-                                stdin=subprocess.DEVNULL,
-                                stdout=log,
-                                stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                            )
+                            slot.proc = start_run(commands[i], slot.cpus, pin, log)
                         except OSError as exc:  # the interpreter (PYTHON) or taskset cannot be started
-                            log.write(f"error: cannot start {launch[0]}: {exc}\n")
+                            first = (prefix[2:] + commands[i])[0]  # taskset when pinned, else the interpreter
+                            log.write(f"error: cannot start {first}: {exc}\n")
                             result[i] = "127"
                             say(f"[sweep] FAILED (rc=127) {log_name(i, runs[i].label)[:-4]}: see {logs[i]}")
                             continue
@@ -674,18 +663,8 @@ def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | N
     """The job array's sbatch script: #SBATCH lines, the runs as comments, and one task line that calls this
     engine (``sweep.py task SPEC $SLURM_ARRAY_TASK_ID``)."""
     n = len(spec["runs"])
-    log_dir = spec["log_dir"]
     array = f"0-{n - 1}" + (f"%{opts['max_parallel']}" if opts.get("max_parallel") else "")
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --array={array}"]
-    lines += [f"#SBATCH --output={log_dir}/slurm/%A_%a.out", "#SBATCH --signal=B:TERM@120"]
-    for key, flag in (("partition", "partition"), ("time", "time")):
-        if opts.get(key):
-            lines.append(f"#SBATCH --{flag}={opts[key]}")
-    if opts.get("gpus_per_run") and opts["gpus_per_run"] != "0":
-        lines.append(f"#SBATCH --gres=gpu:{opts['gpus_per_run']}")
-    for key, flag in (("cpus_per_run", "cpus-per-task"), ("mem", "mem"), ("account", "account")):
-        if opts.get(key):
-            lines.append(f"#SBATCH --{flag}={opts[key]}")
+    lines = sbatch_directives(name, array, spec["log_dir"], opts)
     lines += [
         "#",
         f"# {name} sweep: {n} runs as one SLURM job array, written by benchmark/sweep.py on {stamp()}.",
