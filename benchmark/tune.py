@@ -647,7 +647,7 @@ class Worker:
                 r.run_dir, r.outcome = os.path.dirname(decision.checkpoint), "finished"
                 r.reader = RunReturns(r.run_dir)
             elif decision.action != "fresh":
-                at.failed = f"run {r.run.label} cannot continue: {decision.note}"
+                self.fail(at, f"run {r.run.label} cannot continue: {decision.note}")
 
     def start(self, at: ActiveTrial, r: TrialRun, slot: sweep.Slot) -> None:
         lane = slot.index // self.slots_per_lane
@@ -663,7 +663,8 @@ class Worker:
                 r.proc = sweep.start_run(command, slot.cpus, self.pin, log, die_with_parent=True)
             except OSError as exc:
                 log.write(f"error: cannot start {command[0]}: {exc}\n")
-                r.outcome = at.failed = f"run {r.run.label} could not start: {exc}"
+                r.outcome = f"run {r.run.label} could not start: {exc}"
+                self.fail(at, r.outcome)
                 return
         r.slot, slot.proc = slot, r.proc
         self.stopper.started(r.proc)
@@ -684,9 +685,8 @@ class Worker:
             r.outcome = f"run {r.run.label} was stopped from outside before its end (checkpoint: {status})"
         else:
             r.outcome = f"run {r.run.label} exited with code {rc}: {last_line(r.log)} (log {r.log})"
-        if r.outcome not in ("finished", "stopped") and not at.failed:
-            at.failed = r.outcome
-            self.stop_trial(at)
+        if r.outcome not in ("finished", "stopped"):
+            self.fail(at, r.outcome)
         if r.reader:
             r.reader.update()
 
@@ -697,6 +697,11 @@ class Worker:
                 r.run_dir = new[-1]
         if r.run_dir and r.reader is None:
             r.reader = RunReturns(r.run_dir)
+
+    def fail(self, at: ActiveTrial, why: str) -> None:
+        """The trial fails (the first reason counts): its other runs stop or never start."""
+        at.failed = at.failed or why
+        self.stop_trial(at)
 
     def stop_trial(self, at: ActiveTrial) -> None:
         """SIGTERM to the trial's live runs (each checkpoints and exits); its queued runs never start."""
@@ -747,6 +752,15 @@ class Worker:
 
     def close(self, at: ActiveTrial) -> None:
         """All the trial's runs have ended: tell the study how the trial ended."""
+        import optuna
+
+        self.active.remove(at)
+        try:
+            self.tell(at)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as exc:  # another tuner took it as stale
+            say(f"trial {at.trial.number} was ended meanwhile by another tuner ({exc}); its result is not recorded")
+
+    def tell(self, at: ActiveTrial) -> None:
         from optuna.trial import TrialState
 
         number = at.trial.number
@@ -773,7 +787,6 @@ class Worker:
             frozen = self.study._storage.get_trial(at.trial._trial_id)
             new = requeue(self.study, frozen, "stopped with its tuner; continued by a re-queued trial")
             say(f"trial {number} stopped with the tuner; its runs continue as trial {new} when the study resumes")
-        self.active.remove(at)
 
     # -- the loop
 
@@ -795,7 +808,10 @@ class Worker:
             if now - self.last_beat > HEARTBEAT_S:
                 self.last_beat = now
                 for at in self.active:
-                    at.trial.set_user_attr("tune:heartbeat", int(now))
+                    try:
+                        at.trial.set_user_attr("tune:heartbeat", int(now))
+                    except Exception:  # noqa: BLE001 - ended meanwhile by another tuner: close() says so
+                        pass
             if not self.stopper.stopping:
                 self.fill_slots()
             if not self.active and (self.stopper.stopping or self.exhausted):
