@@ -890,6 +890,10 @@ def write_report(study, config: dict, storage: str, out_dir: str, top: int = 10)
     md_table, plain = best_table(study, config, top)
     say(f"study {study.study_name}: {counts}")
     if plain:
+        envs, seeds = config["envs"], config["seeds"]
+        if len(envs) > 1 or len(seeds) > 1:
+            runs = f"--env-id {' / '.join(envs) or '(its default)'} x --seed {' / '.join(seeds)}"
+            say(f"each trial ran its command with {runs}")
         say("best trials (value, command):")
         for line in plain:
             print(f"  {line}", flush=True)

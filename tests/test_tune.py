@@ -125,6 +125,16 @@ def test_several_envs_are_normalised_by_ranges_or_reference_scores():
         tune.reference_ranges(["Hopper-v5", "Pusher-v5"], {})
 
 
+def test_pruners_act_from_the_warm_up_on_report_steps():
+    config = {"total_timesteps": 200000, "reports": 10, "prune_warmup": 0.3, "prune_startup": 5, "pruner": "median"}
+    assert tune.report_steps(config) == [20000 * k for k in range(1, 10)]
+    median = tune.make_pruner(config)
+    assert isinstance(median, optuna.pruners.MedianPruner) and median._n_warmup_steps == 60000
+    hyperband = tune.make_pruner({**config, "pruner": "hyperband"})
+    assert (hyperband._min_resource, hyperband._max_resource) == (60000, 200000)  # rungs at 60k and 180k: reports
+    assert isinstance(tune.make_pruner({**config, "pruner": "none"}), optuna.pruners.NopPruner)
+
+
 def dead_pid():
     proc = subprocess.Popen(["true"])
     proc.wait()
