@@ -259,7 +259,7 @@ def parse_enqueue(text: str, params: list[Param], fields: dict[str, Field], scri
 class RunReturns:
     """The finished episodes' returns of one run folder, read as its TensorBoard event files grow (each file is
     tailed: a read picks up only what was written since the last). A resumed run has one file per process; what a
-    process logged past the step where the next one started (work redone after a crash) is dropped, as
+    process logged past the first scalar step of the next one (work redone after a crash) is dropped, as
     benchmark/report.py does."""
 
     def __init__(self, run_dir: str) -> None:
@@ -280,12 +280,13 @@ class RunReturns:
                 self._returns[name] = []
             for record in self._loaders[name].Load():
                 event = Event.FromString(record)
-                if not event.HasField("summary"):
+                scalars = [v for v in event.summary.value if v.HasField("simple_value")]
+                if not scalars:  # texts such as the hyperparameters table, logged at step 0
                     continue
                 self._first.setdefault(name, event.step)
                 self.last_step = max(self.last_step, event.step)
-                for value in event.summary.value:
-                    if value.tag == RETURN_TAG and value.HasField("simple_value"):
+                for value in scalars:
+                    if value.tag == RETURN_TAG:
                         self._returns[name].append((event.step, value.simple_value))
 
     def returns(self, until: int | None = None) -> list[float]:

@@ -109,6 +109,7 @@ def test_the_objective_is_read_from_event_files_as_they_grow(tmp_path):
     # a process resumed from a checkpoint at step 250: what the first logged after it (300, 400) was done again
     time.sleep(1.1)  # event file names carry the second they were made
     resumed = SummaryWriter(run_dir)
+    resumed.add_text("hyperparameters", "|param|value|", 0)  # as the scripts log it: at step 0
     resumed.add_scalar(tune.RETURN_TAG, 30.0, 280)
     resumed.close()
     reader.update()
