@@ -1196,7 +1196,9 @@ def work(a: argparse.Namespace, study, config: dict, storage: str, log_dir: str)
     w = Worker(study, config, slots, per_lane, gpus, pin, python, log_dir, a.stale_after, worker)
     rc = w.run()
     if rc:
-        say(f"stopped: run the same command (or `tune.py attach --study-name {study.study_name}`) to continue")
+        where = "" if storage == os.path.join(log_dir, "study.journal") else f" --storage {storage}"
+        attach = f"benchmark/tune.py attach --study-name {study.study_name}{where}"
+        say(f"stopped: run the same command (or `{attach}`) to continue")
         return rc
     from optuna.trial import TrialState
 
