@@ -358,11 +358,13 @@ def open_storage(url: str):
         raise TuneError(f"cannot open storage {url}: {first}") from None
 
 
-def make_sampler(config: dict, worker_index: int):
+def make_sampler(config: dict, worker_index: int, trials_so_far: int):
+    """Optuna's sampler for one worker. With --sampler-seed, each worker and each restart of a study gets its own
+    seed (seed + 1000 x worker + trials so far): a rerun would otherwise draw the same points again."""
     import optuna
 
     seed = config["sampler_seed"]
-    seed = None if seed is None else seed + worker_index  # workers of one study draw different points
+    seed = None if seed is None else seed + 1000 * worker_index + trials_so_far
     if config["sampler"] == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     startup = min(10, max(2, config["trials"] // 3))  # random trials before TPE models the results
@@ -416,7 +418,7 @@ def load_study(storage, name: str, config: dict | None, worker_index: int = 0):
         if stored["trials"] != config["trials"]:
             study.set_user_attr("tune:config", config)
         stored = config
-    study.sampler = make_sampler(stored, worker_index)
+    study.sampler = make_sampler(stored, worker_index, len(study.get_trials(deepcopy=False)))
     study.pruner = make_pruner(stored)
     return study, stored
 

@@ -136,6 +136,26 @@ def test_pruners_act_from_the_warm_up_on_report_steps():
     assert isinstance(tune.make_pruner({**config, "pruner": "none"}), optuna.pruners.NopPruner)
 
 
+def test_a_restarted_or_second_worker_draws_new_points(tmp_path):
+    """With --sampler-seed, a rerun of a study (or a second worker) does not repeat the draws of the first."""
+    config = {"sampler": "random", "sampler_seed": 1, "trials": 4, "pruner": "none", "total_timesteps": 1000}
+    config |= {"reports": 10, "prune_warmup": 0.0, "prune_startup": 1}
+    storage = tune.open_storage(str(tmp_path / "study.journal"))
+
+    def draw(worker=0):
+        study, _ = tune.load_study(storage, "s", config, worker_index=worker)
+        trial = study.ask()
+        value = trial.suggest_float("gamma", 0.9, 0.99)
+        study.tell(trial, 1.0)
+        return value
+
+    first, again, other = draw(), draw(), draw(worker=1)
+    assert len({first, again, other}) == 3
+    storage2 = tune.open_storage(str(tmp_path / "study2.journal"))
+    study, _ = tune.load_study(storage2, "s", config)
+    assert study.ask().suggest_float("gamma", 0.9, 0.99) == first  # the same history draws the same point
+
+
 def dead_pid():
     proc = subprocess.Popen(["true"])
     proc.wait()
