@@ -66,6 +66,7 @@ NOT_PASSED = {"seed": "--seeds", "env_id": "--envs", "exp_name": "--study-name",
 NOT_PASSED |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
 HEARTBEAT_S = 60.0  # how often a tuner stamps its running trials (user attribute tune:heartbeat)
 POLL_S = 1.0
+SLURM_OPTIONS = ("partition", "time", "gpus_per_run", "mem", "max_parallel", "account")
 KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
 
 
@@ -1213,7 +1214,7 @@ def work(a: argparse.Namespace, study, config: dict, storage: str, log_dir: str)
 
 
 def submit_slurm(a: argparse.Namespace, storage: str, log_dir: str) -> int:
-    opts = {key: getattr(a, key) for key in ("partition", "time", "gpus_per_run", "mem", "max_parallel", "account")}
+    opts = {key: getattr(a, key) for key in SLURM_OPTIONS}
     opts["cpus_per_run"] = str(a.cpus_per_run) if a.cpus_per_run else None
     sweep.check_slurm_options(opts, log_dir)
     if a.workers < 1:
@@ -1283,7 +1284,13 @@ def main_study(argv: list[str]) -> int:
     a.passthrough = passthrough
     config, params, enqueued = make_config(a, passthrough)
     log_dir, storage = study_paths(a)
-    if a.dry_run and not a.slurm:
+    slurm_only = [k for k in SLURM_OPTIONS if getattr(a, k)] + (["sbatch_args"] if a.sbatch_args else [])
+    if slurm_only and not a.slurm:
+        flag = "--" + slurm_only[0].replace("_", "-")
+        raise TuneError(f"{flag} is an option for SLURM studies; add --slurm (or drop {flag})")
+    if a.dry_run and a.slurm:  # the sbatch script, without creating the study
+        return submit_slurm(a, storage, log_dir)
+    if a.dry_run:
         slots, _, gpus, pin = make_slots(a)
         say(f"dry run: {a.trials} trials of {a.script}, {len(slots)} runs at once; study {a.study_name} in {storage}")
         for p in params:

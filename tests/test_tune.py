@@ -78,6 +78,7 @@ def test_the_search_space_comes_from_the_scripts_args():
         (["--param", "gamma=0.9:0.99", "--envs", "Hoper-v5"], ["unknown env id Hoper-v5"]),
         (["--param", "gamma=0.9:0.99", "--envs", "Hopper-v5 Pusher-v5"], ["--score-range Pusher-v5=LO:HI"]),
         (["--param", "gamma=0.9:0.99", "--study-name", "a__b"], ["--study-name 'a__b'"]),
+        (["--param", "gamma=0.9:0.99", "--partition", "gpu"], ["--partition is an option for SLURM studies"]),
     ],
 )
 def test_bad_input_gets_a_one_line_error(capsys, argv, words):
@@ -87,6 +88,19 @@ def test_bad_input_gets_a_one_line_error(capsys, argv, words):
     line = one_line_error(capsys, "ppo_continuous.py", *argv[:cut], "--dry-run", *argv[cut:])
     for word in words:
         assert word in line, line
+
+
+def test_slurm_dry_run_prints_the_array_and_creates_nothing(tmp_path, capsys):
+    journal = tmp_path / "study.journal"
+    argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(journal), "--param", "gamma=0.9:0.99"]
+    argv += ["--slurm", "--workers", "4", "--max-parallel", "2", "--cpus-per-run", "4", "--dry-run"]
+    assert tune.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --array=0-3%2" in out and "#SBATCH --cpus-per-task=4" in out
+    assert re.search(
+        r"^exec \S+python\S* \S+/benchmark/tune.py attach --study-name s --storage \S+study.journal", out, re.M
+    )
+    assert not journal.exists()
 
 
 def test_the_objective_is_read_from_event_files_as_they_grow(tmp_path):
