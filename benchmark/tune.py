@@ -1324,6 +1324,15 @@ def main_study(argv: list[str]) -> int:
     return work(a, study, config, storage, log_dir)
 
 
+def existing_storage(a: argparse.Namespace) -> tuple[str, str, object]:
+    """(log dir, storage, opened storage) of a study that must exist already (attach, report)."""
+    log_dir, storage = study_paths(a)
+    if "://" not in storage and not os.path.isfile(storage):
+        raise TuneError(f"no study journal {storage}; give the --storage the study was started with")
+    quiet_optuna()
+    return log_dir, storage, open_storage(storage)
+
+
 def attach_parser() -> Parser:
     p = Parser(prog="benchmark/tune.py attach", description="Run trials of an existing study here.")
     add_study_options(p)
@@ -1341,19 +1350,17 @@ def report_parser() -> Parser:
 
 def main_attach(argv: list[str]) -> int:
     a = attach_parser().parse_args(argv)
-    log_dir, storage = study_paths(a)
-    quiet_optuna()
+    log_dir, storage, storage_obj = existing_storage(a)
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0") or 0)
-    study, config = load_study(open_storage(storage), a.study_name, None, worker_index=task)
+    study, config = load_study(storage_obj, a.study_name, None, worker_index=task)
     a.passthrough = config["args"]
     return work(a, study, config, storage, log_dir)
 
 
 def main_report(argv: list[str]) -> int:
     a = report_parser().parse_args(argv)
-    log_dir, storage = study_paths(a)
-    quiet_optuna()
-    study, config = load_study(open_storage(storage), a.study_name, None)
+    log_dir, storage, storage_obj = existing_storage(a)
+    study, config = load_study(storage_obj, a.study_name, None)
     write_report(study, config, storage, os.path.abspath(a.out) if a.out else log_dir, a.top)
     return 0
 

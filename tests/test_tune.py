@@ -90,6 +90,15 @@ def test_bad_input_gets_a_one_line_error(capsys, argv, words):
         assert word in line, line
 
 
+def test_report_and_attach_need_an_existing_study(tmp_path, capsys):
+    journal = tmp_path / "none.journal"
+    for command in ("report", "attach"):
+        line = one_line_error(capsys, command, "--study-name", "s", "--storage", str(journal))
+        assert "no study journal" in line and not journal.exists()
+    line = one_line_error(capsys, "report", "--study-name", "s", "--storage", f"sqlite:///{tmp_path}/x.db")
+    assert "no study s in this storage" in line
+
+
 def test_slurm_dry_run_prints_the_array_and_creates_nothing(tmp_path, capsys):
     journal = tmp_path / "study.journal"
     argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(journal), "--param", "gamma=0.9:0.99"]
