@@ -926,8 +926,9 @@ def write_report(study, config: dict, storage: str, out_dir: str, top: int = 10)
             written.append(name)
     lines = [f"# Study {study.study_name}", ""]
     lines += [
-        f"`{config['script']}` on {', '.join(config['envs']) or 'its default env'}, seeds "
-        f"{' '.join(config['seeds'])}; {counts}. Storage `{storage}`; written {sweep.stamp()} on "
+        f"`{config['script']}` on {', '.join(config['envs']) or 'its default env'}, seed"
+        f"{'s' * (len(config['seeds']) > 1)} {' '.join(config['seeds'])}; {counts}. Storage "
+        f"`{storage.replace(REPO_ROOT + os.sep, '')}`; written {sweep.stamp()} on "
         f"{socket.gethostname()}.",
         "",
     ]
@@ -950,7 +951,16 @@ def write_report(study, config: dict, storage: str, out_dir: str, top: int = 10)
     ]
     lines += ["## Best trials", "", *md_table, ""]
     if importances:
-        lines += ["## Parameter importances", "", "| parameter | importance |", "|---|---|"]
+        lines += [
+            "## Parameter importances",
+            "",
+            f"Optuna's PED-ANOVA on the {by_state[TrialState.COMPLETE]} "
+            "complete trials: how much of the spread of their values each parameter explains (rough with "
+            "few trials).",
+            "",
+            "| parameter | importance |",
+            "|---|---|",
+        ]
         lines += [f"| {name} | {value:.3f} |" for name, value in importances.items()]
         lines += ["", "![importances](importances.png)", ""]
     if "history.png" in written:
