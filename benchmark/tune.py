@@ -523,9 +523,9 @@ class TrialRun:
 
 @dataclass
 class ActiveTrial:
+    """A trial this worker runs: its runs, the steps it reported, and whether it was pruned or failed."""
+
     trial: object  # optuna.Trial
-    origin: int
-    values: dict
     runs: list[TrialRun]
     reported: set = field(default_factory=set)  # steps whose objective the study has
     pruned_at: int | None = None
@@ -589,8 +589,8 @@ class Worker:
         self.study, self.config, self.slots = study, config, slots
         self.slots_per_lane, self.gpus, self.pin = slots_per_lane, gpus, pin
         self.python, self.log_dir, self.stale_after, self.worker = python, log_dir, stale_after, worker
-        self.fields = script_fields(config["script"])
-        self.params = [parse_param(spec, self.fields, config["script"]) for spec in config["params"]]
+        fields = script_fields(config["script"])
+        self.params = [parse_param(spec, fields, config["script"]) for spec in config["params"]]
         self.steps = report_steps(config)
         self.active: list[ActiveTrial] = []
         self.stopper = sweep.Stopper()
@@ -617,7 +617,7 @@ class Worker:
             ("tune:heartbeat", int(time.time())),
         ):
             trial.set_user_attr(key, value)
-        at = ActiveTrial(trial, origin, values, [])
+        at = ActiveTrial(trial, [])
         exp = f"{self.study.study_name}_t{origin:03d}"
         for env in self.config["envs"] or [None]:
             for seed in self.config["seeds"]:
