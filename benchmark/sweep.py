@@ -450,6 +450,46 @@ def run_command(
     return cmd
 
 
+def start_run(
+    command: Sequence[str], cpus: Sequence[int], pin: bool, log, die_with_parent: bool = False
+) -> subprocess.Popen:
+    """Start one run in its slot from the repo root: OMP_NUM_THREADS = MKL_NUM_THREADS = its CPUs, pinned there with
+    ``taskset -c`` when ``pin``, stdout and stderr to the open file ``log``, in its own session (a Ctrl-C at the
+    terminal reaches the engine, which passes on one SIGTERM). With ``die_with_parent`` (Linux) the run also gets
+    SIGTERM when the engine dies, even by SIGKILL, so that it writes its checkpoint instead of running on unwatched.
+    Raises OSError when the interpreter or taskset cannot be started."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "MKL_NUM_THREADS": str(len(cpus))}
+    launch = slot_prefix(cpus, pin)[2:] + list(command)  # taskset (if pinned) and the command; variables in env
+    return subprocess.Popen(
+        launch,
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=term_with_parent(os.getpid()) if die_with_parent else None,
+    )
+
+
+def term_with_parent(parent: int):
+    """A preexec_fn asking Linux to send the child SIGTERM when ``parent`` dies (prctl PR_SET_PDEATHSIG), or None
+    where prctl is missing. libc is looked up here, in the parent: the child only makes the call."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def planned_slots(lanes_of: Sequence[int], slots: int) -> list[int]:
     """The slot each run would take if runs ended in the order they started (the dry run's guess): run i on lane g
     takes slot g * slots + (its place in lane g) % slots. Runs with lane -1 (not run) get -1."""
@@ -576,22 +616,11 @@ def run_local(
                     with open(logs[i], "w") as log:
                         log.write(f"# {stamp()} slot {slot.index}: {shlex.join(prefix + commands[i])}\n")
                         log.flush()
-                        env = {**os.environ, "OMP_NUM_THREADS": str(len(slot.cpus))}
-                        env["MKL_NUM_THREADS"] = env["OMP_NUM_THREADS"]
-                        launch = prefix[2:] + commands[i]  # taskset (if pinned) and the command; variables in env
-                        # its own session: a Ctrl-C at the terminal reaches the engine, which passes on one SIGTERM
                         try:
-                            slot.proc = subprocess.Popen(
-                                launch,
-                                cwd=REPO_ROOT,
-                                env=env,
-                                stdin=subprocess.DEVNULL,
-                                stdout=log,
-                                stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                            )
+                            slot.proc = start_run(commands[i], slot.cpus, pin, log)
                         except OSError as exc:  # the interpreter (PYTHON) or taskset cannot be started
-                            log.write(f"error: cannot start {launch[0]}: {exc}\n")
+                            first = (prefix[2:] + commands[i])[0]  # taskset when pinned, else the interpreter
+                            log.write(f"error: cannot start {first}: {exc}\n")
                             result[i] = "127"
                             say(f"[sweep] FAILED (rc=127) {log_name(i, runs[i].label)[:-4]}: see {logs[i]}")
                             continue
@@ -704,13 +733,10 @@ def comment(text: str) -> str:
     return "# " + "".join(c.encode("unicode_escape").decode() if control_character(c) else c for c in text)
 
 
-def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | None], engine_python: str) -> str:
-    """The job array's sbatch script: #SBATCH lines, the runs as comments, and one task line that calls this
-    engine (``sweep.py task SPEC $SLURM_ARRAY_TASK_ID``). What a user gave is checked (``check_slurm_options``),
-    quoted, or inside a comment."""
-    n = len(spec["runs"])
-    log_dir = spec["log_dir"]
-    array = f"0-{n - 1}" + (f"%{opts['max_parallel']}" if opts.get("max_parallel") else "")
+def sbatch_directives(name: str, array: str, log_dir: str, opts: dict[str, str | None]) -> list[str]:
+    """The #SBATCH lines of a job array ``array`` (e.g. "0-7%2") named ``name``: SLURM's output to
+    LOG_DIR/slurm/%A_%a.out, SIGTERM 120 s before the time limit, and the options of ``opts`` (partition, time,
+    gpus_per_run, cpus_per_run, mem, account) that are set."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --array={array}"]
     lines += [f"#SBATCH --output={log_dir}/slurm/%A_%a.out", "#SBATCH --signal=B:TERM@120"]
     for key, flag in (("partition", "partition"), ("time", "time")):
@@ -721,6 +747,16 @@ def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | N
     for key, flag in (("cpus_per_run", "cpus-per-task"), ("mem", "mem"), ("account", "account")):
         if opts.get(key):
             lines.append(f"#SBATCH --{flag}={opts[key]}")
+    return lines
+
+
+def sbatch_script(name: str, spec_path: str, spec: dict, opts: dict[str, str | None], engine_python: str) -> str:
+    """The job array's sbatch script: #SBATCH lines, the runs as comments, and one task line that calls this
+    engine (``sweep.py task SPEC $SLURM_ARRAY_TASK_ID``). What a user gave is checked (``check_slurm_options``),
+    quoted, or inside a comment."""
+    n = len(spec["runs"])
+    array = f"0-{n - 1}" + (f"%{opts['max_parallel']}" if opts.get("max_parallel") else "")
+    lines = sbatch_directives(name, array, spec["log_dir"], opts)
     lines += [
         "#",
         f"# {name} sweep: {n} runs as one SLURM job array, written by benchmark/sweep.py on {stamp()}.",

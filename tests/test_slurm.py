@@ -307,3 +307,31 @@ def test_multinode_template_runs_ddp(cluster, repo):
     (run_dir,) = run_dirs(repo, "ALE_Pong-v5__ppo_atari__7")
     ckpt = checkpoint(run_dir)
     assert ckpt["status"] == "finished" and ckpt["global_step"] == 128
+
+
+def test_tune_study_runs_as_a_slurm_array(cluster, repo):
+    """benchmark/tune.py --slurm: a job array of 2 workers on one journal file. Both tasks attach to the study and
+    run its trials; the study ends with all 3 complete and a worker writes the report."""
+    optuna = pytest.importorskip("optuna")
+    log_dir = repo / "tune" / "pend"
+    journal = log_dir / "study.journal"
+    cmd = [sys.executable, str(repo / "benchmark" / "tune.py"), "ppo_continuous.py", "--study-name", "pend"]
+    cmd += ["--storage", str(journal), "--log-dir", str(log_dir), "--envs", "InvertedPendulum-v5"]
+    cmd += ["--param", "learning-rate=1e-4:1e-2:log", "--trials", "3", "--sampler", "random", "--pruner", "none"]
+    cmd += ["--slurm", "--workers", "2", "--cpus-per-run", "1", "--time", "10"]
+    cmd += ["--", "--total-timesteps", "1024", "--num-steps", "256", "--no-progress-bar"]
+    res = subprocess.run(cmd, cwd=repo, env=cluster, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = re.search(r"submitted job array (\d+) ", res.stdout).group(1)
+    assert wait_job(cluster, job, 300) == {0: ("COMPLETED", "0:0"), 1: ("COMPLETED", "0:0")}
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+    trials = optuna.load_study(study_name="pend", storage=storage).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3, [(t.state, t.user_attrs) for t in trials]
+    assert {t.user_attrs["tune:worker"] for t in trials} == {f"slurm {job}_0", f"slurm {job}_1"}
+    assert "#SBATCH --array=0-1" in (log_dir / "tune.sbatch").read_text()
+    assert (log_dir / "report.md").is_file() and (log_dir / "history.png").is_file()
+    for t in trials:
+        (run_dir,) = run_dirs(repo, f"InvertedPendulum-v5__pend_t{t.number:03d}__1")
+        assert checkpoint(run_dir)["status"] == "finished"
