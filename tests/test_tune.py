@@ -319,8 +319,10 @@ def test_a_study_stops_resumes_prunes_and_is_read_back(repo):
     assert tune.counted(trials) == 3
     (run_dir,) = glob.glob(f"{repo}/runs/*__pend_t002__1__*")  # continued in the same folder, then stopped early
     assert len(glob.glob(f"{run_dir}/events.out.tfevents.*")) == 2
-    ckpt = torch.load(f"{run_dir}/checkpoint.pt", map_location="cpu", weights_only=False)
-    assert ckpt["status"] == "stopped" and 2048 <= ckpt["global_step"] < 4096
+    ckpt = torch.load(f"{run_dir}/checkpoint.pt", map_location="cpu", weights_only=True)
+    # the pruner's SIGTERM stops the run with its checkpoint; one that arrives in its last iteration finishes it
+    stopped = ckpt["status"] == "stopped" and 2048 <= ckpt["global_step"] < 4096
+    assert stopped or (ckpt["status"] == "finished" and ckpt["global_step"] == 4096), ckpt["status"]
     log = (repo / "runs" / "tune" / "pend" / "logs" / "t002_InvertedPendulum-v5_seed1.log").read_text()
     assert re.search(r"resumed \S+checkpoint.pt at step [1-9]", log), log
     for name in ("report.md", "history.png", "importances.png", "intermediate.png"):
