@@ -204,14 +204,21 @@ class DropInfo(gym.Wrapper):
 
 
 class RunningMeanStd:
-    """Running mean/variance on the host (numpy, float64), parallel-update formula as gymnasium's wrappers. Its
-    (mean, var, count) go into checkpoints and saved models, so a loaded policy sees what it saw in training."""
+    """Running mean and variance in float64, with the parallel-update formula of gymnasium's wrappers: numpy arrays
+    on the host, or tensors on ``device``. Its (mean, var, count) go into checkpoints and saved models, so a loaded
+    policy sees what it saw in training."""
 
-    def __init__(self, shape=(), state=None):  # state: the (mean, var, count) of a checkpoint
+    def __init__(self, shape=(), state=None, device=None):  # state: the (mean, var, count) of a checkpoint
+        self.device = device
         mean, var, count = (np.zeros(shape), np.ones(shape), 1e-4) if state is None else state
-        self.mean = np.asarray(mean, dtype=np.float64)
-        self.var = np.asarray(var, dtype=np.float64)
+        self.mean = self.array(mean)
+        self.var = self.array(var)
         self.count = float(count)
+
+    def array(self, x):
+        if self.device is None:
+            return np.asarray(x, dtype=np.float64)
+        return torch.as_tensor(x, dtype=torch.float64, device=self.device)
 
     def state(self) -> tuple:  # floats and lists of floats: exact, and torch.load(weights_only=True) reads them
         return self.mean.tolist(), self.var.tolist(), float(self.count)
@@ -219,7 +226,7 @@ class RunningMeanStd:
     def update(self, x):
         b_count = x.shape[0]
         b_mean = x.sum(0) / b_count  # sum/count: np.mean and np.var cost more than the update itself on tiny batches
-        b_var = np.square(x - b_mean).sum(0) / b_count
+        b_var = ((x - b_mean) ** 2).sum(0) / b_count
         delta = b_mean - self.mean
         tot = self.count + b_count
         self.mean = self.mean + delta * (b_count / tot)
@@ -228,10 +235,75 @@ class RunningMeanStd:
 
     def normalize(self, obs, update: bool):
         """Observations normalised with the statistics (clipped to +-10), updating them first when ``update``."""
-        obs = np.asarray(obs, dtype=np.float64).reshape(len(obs), -1)
+        obs = self.array(obs).reshape(len(obs), -1)
         if update:
             self.update(obs)
-        return np.clip((obs - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0)
+        return ((obs - self.mean) / (self.var + 1e-8) ** 0.5).clip(-10.0, 10.0)
+
+
+class HostEnvs:
+    """gymnasium's vector envs as the PPO loop steps them (CleanRL's wrappers, vectorised here): actions clipped to
+    the action space; observations normalised by running statistics and rewards divided by the running std of the
+    discounted return, both clipped to +-10, the statistics on the host in float64; the reward of an episode that
+    its time limit cut short bootstraps from the value of its last observation. Results are tensors on ``device``."""
+
+    def __init__(self, envs, gamma: float, device: torch.device, state: dict | None = None):
+        self.envs = envs
+        self.gamma = gamma
+        self.device = device
+        self.low, self.high = envs.single_action_space.low, envs.single_action_space.high
+        obs_dim = int(np.prod(envs.single_observation_space.shape))
+        self.obs_rms = RunningMeanStd(obs_dim, state["obs_rms"] if state else None)  # cheap per step on the host
+        self.ret_rms = RunningMeanStd((), state["ret_rms"] if state else None)
+        self.discounted = np.zeros(envs.num_envs)  # the discounted return whose std scales the rewards
+        self.episode_return = np.zeros(envs.num_envs)
+        self.episode_length = np.zeros(envs.num_envs, dtype=np.int64)
+        self.episodes = []  # (global step, return, length) of the episodes that ended
+        self.staging = torch.zeros((envs.num_envs, obs_dim), pin_memory=device.type == "cuda")  # one copy per step
+
+    def state(self) -> dict:
+        return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
+
+    def reset(self, seed: int) -> torch.Tensor:
+        return self.to_device(self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True))
+
+    def to_device(self, obs: np.ndarray) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return torch.as_tensor(obs, dtype=torch.float32)
+        self.staging.numpy()[:] = obs  # free again: the policy's actions were read from the last one's copy
+        return self.staging.to(self.device, non_blocking=True)
+
+    def step(self, actions: torch.Tensor, value, global_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step every env by the policy's ``actions``; returns the next observations, the scaled rewards and the
+        dones. ``value``: the critic, for the time-limit bootstrap."""
+        action = np.clip(actions.cpu().numpy(), self.low, self.high)
+        next_obs, reward, terminated, truncated, infos = self.envs.step(action)
+        done = np.logical_or(terminated, truncated)
+        self.episode_return += reward
+        self.episode_length += 1
+        self.discounted = self.discounted * self.gamma + reward
+        self.ret_rms.update(self.discounted)
+        rewards = torch.as_tensor(np.clip(reward / np.sqrt(self.ret_rms.var + 1e-8), -10.0, 10.0), dtype=torch.float32)
+        next_obs_n = self.to_device(self.obs_rms.normalize(next_obs, True))
+        cut = np.nonzero(truncated & ~terminated)[0]
+        if len(cut):  # a time limit, not the end of the episode: bootstrap from its last observation
+            final = self.obs_rms.normalize(np.stack([infos["final_obs"][i] for i in cut]), False)
+            rewards[cut] += self.gamma * value(torch.as_tensor(final, dtype=torch.float32, device=self.device)).cpu()
+        for i in np.nonzero(done)[0]:
+            self.episodes.append((global_step, self.episode_return[i], self.episode_length[i]))
+        self.episode_return[done] = 0.0
+        self.episode_length[done] = 0
+        self.discounted[done] = 0.0
+        dones = torch.as_tensor(done, dtype=torch.float32)
+        return next_obs_n, rewards.to(self.device, non_blocking=True), dones.to(self.device, non_blocking=True)
+
+    def finished(self) -> list[tuple[int, float, int]]:
+        """(global step, return, length) of the episodes that ended since the last call."""
+        episodes, self.episodes = self.episodes, []
+        return episodes
+
+    def close(self) -> None:
+        self.envs.close()
 
 
 # ---------------------------------------------------------------- network
@@ -417,14 +489,12 @@ if __name__ == "__main__":
         envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     act_dim = envs.single_action_space.shape[0]
-    act_low, act_high = envs.single_action_space.low, envs.single_action_space.high
+    envs = HostEnvs(envs, args.gamma, device, ckpt)
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
     learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
     use_graph = args.cudagraphs and micro.rows >= minibatch_size  # a graph cannot hold a split minibatch
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
-    obs_rms = RunningMeanStd(obs_dim, ckpt["obs_rms"] if ckpt else None)  # on the host: cheap per step
-    ret_rms = RunningMeanStd((), ckpt["ret_rms"] if ckpt else None)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
@@ -442,19 +512,17 @@ if __name__ == "__main__":
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
 
-    # ---------------- storage: observations normalised on the host (into a pinned buffer on a GPU), the rest on device
-    obs_host = torch.zeros((args.num_steps, args.num_envs, obs_dim), pin_memory=device.type == "cuda")
-    obs_buf = obs_host if device.type == "cpu" else torch.zeros_like(obs_host, device=device)
-    obs_np = obs_host.numpy()
+    # ---------------- storage: the rollout on the device
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     # the update's inputs keep their addresses from one iteration to the next (a captured graph reads them there)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros_like(logprobs)
     advantages = torch.zeros_like(logprobs)
     returns = torch.zeros_like(logprobs)
-    b_obs = obs_buf.view(-1, obs_dim)
+    b_obs = obs.view(-1, obs_dim)
     b_actions = actions.view(-1, act_dim)
     b_logprobs, b_values, b_advantages, b_returns = (x.view(-1) for x in (logprobs, values, advantages, returns))
     nb = (obs_dim + act_dim + 5) * 4  # bytes per transition
@@ -483,11 +551,8 @@ if __name__ == "__main__":
     )
 
     # ---------------- training loop
-    next_obs_n = obs_rms.normalize(envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)[0], True)
-    next_done = np.zeros(args.num_envs, dtype=np.float32)
-    ep_return = np.zeros(args.num_envs)
-    ep_length = np.zeros(args.num_envs, dtype=np.int64)
-    discounted = np.zeros(args.num_envs)  # the discounted return that scales the rewards
+    next_obs = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)
+    next_done = torch.zeros(args.num_envs, device=device)
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, num_iterations + 1):
         iteration_start = time.perf_counter()
@@ -500,38 +565,18 @@ if __name__ == "__main__":
             std = agent.actor_logstd.exp()  # once per rollout: the policy does not change during it
             for step in range(args.num_steps):
                 global_step += args.num_envs
-                obs_np[step] = next_obs_n
+                obs[step] = next_obs
                 dones[step] = next_done
-                obs_t = obs_host[step] if device.type == "cpu" else obs_buf[step].copy_(obs_host[step], True)
-                actions[step] = policy_step(obs_t, std * noise[step])
-                action = np.clip(actions[step].cpu().numpy(), act_low, act_high)
-                next_obs, reward, terminated, truncated, infos = envs.step(action)
-                done = np.logical_or(terminated, truncated)
-                ep_return += reward
-                ep_length += 1
-                discounted = discounted * args.gamma + reward
-                ret_rms.update(discounted)
-                rewards[step] = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -10.0, 10.0)
-                next_obs_n = obs_rms.normalize(next_obs, True)
-                next_done = done.astype(np.float32)
-                if done.any():
-                    cut = np.nonzero(truncated & ~terminated)[0]
-                    if len(cut):  # a time limit, not the end of the episode: bootstrap from its last observation
-                        final = obs_rms.normalize(np.stack([infos["final_obs"][i] for i in cut]), False)
-                        v = agent.value(torch.as_tensor(final, dtype=torch.float32, device=device))
-                        rewards[step, cut] += args.gamma * v.cpu().numpy()
-                    for i in np.nonzero(done)[0]:
-                        run.log_episode(ep_return[i], ep_length[i], global_step)
-                    ep_return[done] = 0.0
-                    ep_length[done] = 0
-                    discounted[done] = 0.0
+                actions[step] = policy_step(next_obs, std * noise[step])
+                next_obs, rewards[step], next_done = envs.step(actions[step], agent.value, global_step)
+            for step, episodic_return, length in envs.finished():
+                run.log_episode(episodic_return, length, step)
 
             # ---------------- advantages: values and log-probs in one batched pass each (the policy did not change)
             b_values.copy_(agent.value(b_obs))
-            next_value = agent.value(torch.as_tensor(next_obs_n, dtype=torch.float32, device=device))
+            next_value = agent.value(next_obs)
             logprobs.copy_((-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1) - LOG_2PI_HALF * act_dim)
-            rewards_t, dones_t, next_done_t = (torch.as_tensor(x, device=device) for x in (rewards, dones, next_done))
-            gae = compute_gae(rewards_t, values, dones_t, next_value, next_done_t, args.gamma, args.gae_lambda)
+            gae = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             advantages.copy_(gae[0])
             returns.copy_(gae[1])
 
@@ -567,16 +612,14 @@ if __name__ == "__main__":
         finished = iteration == num_iterations
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
             state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), rng=[gpu_utils.rng_state(device)])
-            state |= dict(
-                iteration=iteration, global_step=global_step, obs_rms=obs_rms.state(), ret_rms=ret_rms.state()
-            )
+            state |= dict(iteration=iteration, global_step=global_step, **envs.state())
             run.checkpoint(state, finished, stopping)
         if stopping:
             break
 
     # ---------------- end of the run
     if not diverged and iteration == num_iterations:
-        run.save_model(dict(model=agent.state_dict(), obs_rms=obs_rms.state()))
+        run.save_model(dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state()))
     run.close(global_step, diverged)
     envs.close()
     run.exit(diverged, global_step)
