@@ -10,7 +10,7 @@ A training run gets a fixed step budget in a temporary folder of its own and SIG
 median of its ``charts/SPS`` (every script and baseline logs one per iteration or log window after a warm-up one),
 beside its CPU time and the GPU utilisation and memory it logs; a run that fails or times out shows as such with the
 end of its output, never as a number. A ceiling steps the envs alone with random actions for --seconds: the mean
-rate, resets included. The developers' before/after tables and runs at once are in dev/speed_ab.py.
+rate, resets included. The developers' before/after tables and runs at once are in dev/speed_dev.py.
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ class Setting:
     batch: int  # steps per iteration (per log window: dqn_snake_vec.py)
     iters: int
     env: dict[str, str] = field(default_factory=dict)  # variables set for the run
-    label: str = ""  # what the table calls it; default: its command
 
     def steps(self, scale: float) -> int:
         return self.batch * max(2, round(self.iters * scale))  # SPS is logged from the second iteration on
@@ -148,9 +147,8 @@ def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=Non
         raise
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime if len(runs) == 1 else None
-    return [
-        finish(s, tmp, proc, scale, wall, cpu_s, proc.pid in timed_out) for (s, tmp, proc), wall in zip(runs, walls)
-    ]
+    stopped = [timeout if proc.pid in timed_out else None for _, _, proc in runs]
+    return [finish(s, tmp, proc, scale, wall, cpu_s, late) for (s, tmp, proc), wall, late in zip(runs, walls, stopped)]
 
 
 def stop(proc: subprocess.Popen, wait: bool = True) -> None:
@@ -167,10 +165,11 @@ def stop(proc: subprocess.Popen, wait: bool = True) -> None:
         pass
 
 
-def finish(s: Setting, tmp: str, proc, scale: float, wall: float, cpu_s, timed_out: bool) -> Result:
-    res = Result(s.label or s.shown(scale), steps=s.steps(scale), wall=wall, cpu_s=cpu_s)
-    if timed_out:
-        res.status = f"timed out after {wall:.0f} s"
+def finish(s: Setting, tmp: str, proc, scale: float, wall: float, cpu_s, stopped_after: float | None) -> Result:
+    """The run's result from its exit code, event files and output; its folder is removed."""
+    res = Result(s.shown(scale), steps=s.steps(scale), wall=wall, cpu_s=cpu_s)
+    if stopped_after is not None:
+        res.status = f"timed out after {stopped_after:.0f} s"
     elif proc.returncode:
         rc = proc.returncode
         res.status = f"failed (exit {rc})" if rc > 0 else f"killed by {signal.Signals(-rc).name}"
@@ -195,9 +194,9 @@ def measure(settings: list[Setting], a, repeats: int = 1, budget_minutes: float 
         for s, done in zip(settings, runs):
             left = deadline - time.perf_counter()
             if left < 60:
-                done.append(Result(s.label or s.shown(a.scale), f"skipped: past --budget-minutes {budget_minutes:g}"))
+                done.append(Result(s.shown(a.scale), f"skipped: past --budget-minutes {budget_minutes:g}"))
                 continue
-            print(f"[speed] round {round_ + 1}/{repeats}: {s.label or s.shown(a.scale)} ...", flush=True)
+            print(f"[speed] round {round_ + 1}/{repeats}: {s.shown(a.scale)} ...", flush=True)
             done += run_settings([s], a.scale, min(a.timeout, left))
             print(f"[speed]   {fmt(done[-1].sps)} SPS" if done[-1].ok else f"[speed]   {done[-1].status}", flush=True)
     results = []
@@ -402,7 +401,7 @@ def profile(name: str, cuda: bool) -> list[Setting]:
     baseline = "benchmark/baseline_ppo.py"
     if name == "continuous":
         base = Setting([baseline, *CHEETAH], 2048, 1)
-        one_thread = Setting(base.args, 2048, 1, {"OMP_NUM_THREADS": "1"})
+        one_thread = Setting(base.args, 2048, 1, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})  # torch reads both
         return [base, one_thread, Setting(["ppo_continuous.py", *CHEETAH], 2048, 1)]
     if name == "atari":
         cleanrl = ["ppo_atari.py", *BREAKOUT, "--num-envs", "8", "--num-minibatches", "4"]  # CleanRL's: minibatch 256

@@ -85,13 +85,11 @@ def training_runs(before: str) -> dict[str, speed.Setting]:
     )
     runs = {"ppo_atari/after": atari, "ppo_atari/before": atari}
     runs["ppo_atari/after-async"] = replace(atari, args=[*atari.args, "--async-envs", "8"])
-    for n in (4096, 65536):
-        runs |= {
-            f"dqn{n}/fused": speed.snake(n, 4, (*fast, "--env-mode", "fused")),
-            f"dqn{n}/before": speed.snake(n, 4, fast),
-        }
-        runs |= {"beast/after": beast, "beast/before": beast} if n == 4096 else {}  # 7351b50 has only the dense step
-    runs |= {f"dqn{n}/dense": speed.snake(n, 4, (*fast, "--env-mode", "dense")) for n in (4096, 65536)}
+    fused, dense = (*fast, "--env-mode", "fused"), (*fast, "--env-mode", "dense")  # 7351b50: dense, no --env-mode
+    runs |= {"dqn4096/fused": speed.snake(4096, 4, fused), "dqn4096/before": speed.snake(4096, 4, fast)}
+    runs |= {"beast/after": beast, "beast/before": beast}
+    runs |= {"dqn65536/fused": speed.snake(65536, 4, fused), "dqn65536/before": speed.snake(65536, 4, fast)}
+    runs |= {"dqn4096/dense": speed.snake(4096, 4, dense), "dqn65536/dense": speed.snake(65536, 4, dense)}
     for key, s in runs.items():
         if key.endswith("/before"):
             runs[key] = replace(s, args=[os.path.join(before, s.args[0]), *s.args[1:]])
