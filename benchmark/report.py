@@ -471,20 +471,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--last-n and --smooth must be >= 1")
         try:
             refs = load_references(a.refs)
-        except FileNotFoundError:  # a mistyped --refs must not turn into "no published reference"
-            raise ValueError(
-                f"--refs {a.refs!r}: no such file; pass a CSV with env, score and source, or --refs ''"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"--refs {a.refs!r}: {exc}; pass a CSV with env, score and source, or --refs ''") from None
+        except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
+            why = "no such file" if isinstance(exc, FileNotFoundError) else exc
+            raise ValueError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
         folders = [d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files)]
         folders = sorted(d for d in folders if a.filter in os.path.basename(d))
         loaded = {d: load_run(d) for d in folders}
         runs = [run for run in loaded.values() if run]
         if not runs:
-            raise ValueError(
-                f"no run directories named env__exp__seed__timestamp with event files under '{a.runs_dir}'"
-            )
+            raise ValueError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

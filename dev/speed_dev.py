@@ -33,23 +33,9 @@ import gpu_utils  # noqa: E402  (speed put the repository root on the path)
 
 AB_SCRIPTS = ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py")
 CONCURRENCY = {  # short CPU settings; dqn_snake_vec.py's are those of the "started by hand" issue (#25)
-    "ppo_atari": Setting(
-        ["ppo_atari.py", "--env-id", "ALE/Pong-v5", "--num-envs", "4", "--minibatch-size", "128"], 512, 8
-    ),
+    "ppo_atari": Setting("ppo_atari.py --env-id ALE/Pong-v5 --num-envs 4 --minibatch-size 128".split(), 512, 8),
     "dqn_snake_vec": Setting(
-        [
-            "dqn_snake_vec.py",
-            "--learning-starts",
-            "10000",
-            "--log-every",
-            "12800",
-            "--gpu",
-            "false",
-            "--checkpoint-every",
-            "0",
-        ],
-        12800,
-        5,
+        "dqn_snake_vec.py --learning-starts 10000 --log-every 12800 --gpu false --checkpoint-every 0".split(), 12800, 5
     ),
     "ppo_continuous": Setting(["ppo_continuous.py", *speed.CHEETAH], 2048, 6),
     "ppo_continuous_heavy": Setting(["ppo_continuous.py", *speed.CHEETAH, "--preset", "heavy"], 8192, 6),  # GPU
@@ -106,6 +92,15 @@ def cmd_before(a) -> int:
     return 0
 
 
+def ab_cell(results: list[speed.Result]) -> tuple[float | None, str]:
+    """The median SPS of one side's runs of a row, and its cell: the median, each run's SPS or status, warnings."""
+    ok = [r.sps for r in results if r.ok]
+    median = statistics.median(ok) if ok else None
+    each = ", ".join(fmt(r.sps) if r.ok else r.status for r in results)
+    warnings = "".join(f"; {w}" for w in sorted({r.warning for r in results if r.warning}))
+    return median, f"{fmt(median)} ({each}){warnings}"
+
+
 def cmd_ab(a) -> int:
     folder, what = before_code(a.before)
     new = [s for s in speed.profile(a.profile, False) if speed.selected(s.shown(a.scale), a.only)]
@@ -116,21 +111,16 @@ def cmd_ab(a) -> int:
     info = speed.machine_info()
     runs: dict[str, list] = {"before": [[] for _ in new], "after": [[] for _ in new]}
     for round_ in range(a.rounds):
-        for i, pair in enumerate(zip(old, new)):
-            for which, s in zip(("before", "after"), pair) if round_ % 2 == 0 else zip(("after", "before"), pair[::-1]):
+        for i, (before, after) in enumerate(zip(old, new)):
+            order = [("before", before), ("after", after)]
+            for which, s in order if round_ % 2 == 0 else order[::-1]:
                 print(f"[speed] round {round_ + 1}/{a.rounds}, {which}: {s.shown(a.scale)} ...", flush=True)
                 runs[which][i] += speed.run_settings([s], a.scale, a.timeout)
     rows = []
     for i, s in enumerate(new):
-        medians = {}
-        for which, results in runs.items():
-            ok = [r.sps for r in results[i] if r.ok]
-            medians[which] = statistics.median(ok) if ok else None
-            each = ", ".join(fmt(r.sps) if r.ok else r.status for r in results[i])
-            warnings = "".join(f"; {w}" for w in sorted({r.warning for r in results[i] if r.warning}))
-            medians[which + " cell"] = f"{fmt(medians[which])} ({each}){warnings}"
-        ratio = f"**{medians['after'] / medians['before']:.2f}x**" if medians["before"] and medians["after"] else DASH
-        rows.append([f"`{s.shown(a.scale)}`", medians["before cell"], medians["after cell"], ratio])
+        (before, before_cell), (after, after_cell) = [ab_cell(runs[which][i]) for which in ("before", "after")]
+        ratio = f"**{after / before:.2f}x**" if before and after else DASH
+        rows.append([f"`{s.shown(a.scale)}`", before_cell, after_cell, ratio])
     header = ["command (before: the old script's)", "before: SPS median (each run)", "after: SPS median (each run)"]
     results = [r for per_row in runs.values() for rs in per_row for r in rs]
     body = [
@@ -169,9 +159,9 @@ def cmd_concurrency(a) -> int:
             alone = total if n == 1 else alone
             ratio = total / alone if total and alone else None
             met = (
-                DASH
-                if n not in target
-                else f">= {target[n]:.2f}x: " + ("met" if ratio and ratio >= target[n] else "not met")
+                f">= {target[n]:.2f}x: " + ("met" if ratio and ratio >= target[n] else "not met")
+                if n in target
+                else DASH
             )
             threads = " / ".join(DASH if r.threads is None else str(r.threads) for r in done)
             status = "ok" if total else "; ".join(sorted({r.status for r in done if not r.ok}))

@@ -186,7 +186,7 @@ def test_report_errors(tmp_path):
     assert res.stderr.startswith("error: runs directory") and res.stderr.count("\n") == 1
     (tmp_path / "empty").mkdir()
     res = run_report(tmp_path / "empty", "--out", tmp_path / "o")
-    assert res.returncode == 2 and res.stderr.startswith("error: no run directories")
+    assert res.returncode == 2 and res.stderr.startswith("error: no run folders")
 
 
 def test_report_refuses_a_references_file_it_cannot_use(tmp_path):
