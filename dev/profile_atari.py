@@ -29,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+import types
 
 import numpy as np
 import torch
@@ -48,9 +49,11 @@ def from_script(name: str, **scope):
     globals (the main block's variables it reads): the profile times the script's code, not a copy of it."""
     tree = ast.parse(inspect.getsource(ppo_atari))
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-    namespace = {**vars(ppo_atari), **scope}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), ppo_atari.__file__, "exec"), namespace)
-    return namespace[name]
+    module = types.ModuleType(f"ppo_atari_{name}")  # a module of its own: torch.compile looks its globals up there
+    module.__dict__.update({**vars(ppo_atari), **scope, "__name__": module.__name__})
+    sys.modules[module.__name__] = module
+    exec(compile(ast.Module(body=[node], type_ignores=[]), ppo_atari.__file__, "exec"), module.__dict__)
+    return getattr(module, name)
 
 
 def timed(fn, calls: int, device: torch.device, warmup: int = 5) -> list[float]:

@@ -98,3 +98,14 @@ def test_profile_atari_bad_options_are_one_line_errors(capsys):
         assert profile_atari.main(args) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+
+
+def test_profile_atari_times_the_scripts_own_steps_and_they_compile():
+    """The policy step comes from ppo_atari.py's main block and compiles: dynamo finds its globals (with them only in
+    a dict named after ppo_atari, it looked in the ppo_atari module and failed: 'no attribute agent')."""
+    import torch
+
+    agent = profile_atari.ppo_atari.Agent(4)
+    policy_step = torch.compile(profile_atari.from_script("policy_step", agent=agent), backend="eager")
+    action, logprob, value = policy_step(torch.zeros((3, 4, 84, 84), dtype=torch.uint8))
+    assert action.shape == logprob.shape == value.shape == (3,) and logprob.le(0).all()
