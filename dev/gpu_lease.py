@@ -15,7 +15,7 @@ a file under --out (a call brings back at most 8):
     tests     pytest -m gpu: every gpu-marked test                                                       pytest_gpu.txt
     ab        new and old code, group by group, at the settings of the speed targets                    ab.md
     ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
-    profile   benchmark/profile_atari.py --script-paths: the update's ms per iteration, every phase     profile_*.md
+    profile   dev/profile_atari.py: the update's ms per iteration, every phase of the script's code     profile_*.md
 
 then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
 limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
@@ -40,11 +40,10 @@ import time
 from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
-import speed  # noqa: E402  (Setting, Run, the ceilings and tables: one way to read a rate)
+sys.path[:0] = [os.path.join(ROOT, "benchmark"), os.path.join(ROOT, "dev")]
+import speed  # noqa: E402  (Setting, run_settings, the ceilings and tables: one way to read a rate)
+import speed_dev  # noqa: E402  (the old code's export)
 from speed import UsageError  # noqa: E402  (its Parser turns a bad argument into one: one line, exit 2)
-
-import gpu_utils  # noqa: E402  (speed put the repository root on the path)
 
 BEFORE_REF = "7351b50"  # the last commit measured on a GPU (two H100 leases, 2026-11-23)
 BEFORE = os.path.join(ROOT, ".lease", "before")
@@ -76,39 +75,30 @@ TINY = {
 GPU_ONLY = {"--compile": 0, "--cudagraphs": 0, "--env-mode": 1}
 
 
-def training_runs(before: str) -> list[speed.Setting]:
-    """The before/after runs in the order they run, the targets' first: each group's new code, then its old (one
-    round; a group's two runs follow each other), and last the new code's dense Snake beside its fused one."""
+def training_runs(before: str) -> dict[str, speed.Setting]:
+    """The before/after runs by key, in the order they run, the targets' first: each group's new code, then its old
+    (one round; a group's two runs follow each other), and last the new code's dense Snake beside its fused one."""
     fast = ["--gpu", "true", "--compile", "--cudagraphs"]
-    atari = ["--env-id", "ALE/Breakout-v5", *fast]
-    beast = ["--env-id", "HalfCheetah-v5", "--gpu", "true", "--preset", "beast", "--subproc"]
-
-    def ppo_atari(code: str, extra: tuple[str, ...] = ()) -> speed.Setting:
-        label = " ".join(["ppo_atari.py defaults (16 envs, Breakout), --compile --cudagraphs", *extra])
-        return speed.Setting(f"ppo_atari/{code}", label, "ppo_atari.py", [*atari, *extra], 2048, 10)
-
-    def dqn(n: int, code: str, mode: str = "fused") -> speed.Setting:
-        label = f"dqn_snake_vec.py --num-envs {n} --compile --cudagraphs"
-        if code == "before":  # 7351b50 has only the dense step
-            return speed.snake(f"dqn{n}/before", f"{label}, dense", n, 4, fast)
-        return speed.snake(f"dqn{n}/{mode}", f"{label} --env-mode {mode}", n, 4, [*fast, "--env-mode", mode])
-
-    def ppo_continuous(code: str) -> speed.Setting:
-        label = "ppo_continuous.py --preset beast --subproc (HalfCheetah-v5)"
-        return speed.Setting(f"beast/{code}", label, "ppo_continuous.py", beast, 32768, 3)
-
-    runs = [ppo_atari("after"), ppo_atari("before"), ppo_atari("after-async", ("--async-envs", "8"))]
-    runs += [dqn(4096, "after"), dqn(4096, "before"), ppo_continuous("after"), ppo_continuous("before")]
-    runs += [dqn(65536, "after"), dqn(65536, "before"), dqn(4096, "after", "dense"), dqn(65536, "after", "dense")]
-    for s in runs:
-        if s.key.endswith("/before"):
-            s.script, s.label = os.path.join(before, s.script), f"before ({BEFORE_REF}): {s.label}"
+    atari = speed.Setting(["ppo_atari.py", "--env-id", "ALE/Breakout-v5", *fast], 2048, 10)
+    beast = speed.Setting(
+        ["ppo_continuous.py", *speed.CHEETAH, "--gpu", "true", "--preset", "beast", "--subproc"], 32768, 3
+    )
+    runs = {"ppo_atari/after": atari, "ppo_atari/before": atari}
+    runs["ppo_atari/after-async"] = replace(atari, args=[*atari.args, "--async-envs", "8"])
+    fused, dense = (*fast, "--env-mode", "fused"), (*fast, "--env-mode", "dense")  # 7351b50: dense, no --env-mode
+    runs |= {"dqn4096/fused": speed.snake(4096, 4, fused), "dqn4096/before": speed.snake(4096, 4, fast)}
+    runs |= {"beast/after": beast, "beast/before": beast}
+    runs |= {"dqn65536/fused": speed.snake(65536, 4, fused), "dqn65536/before": speed.snake(65536, 4, fast)}
+    runs |= {"dqn4096/dense": speed.snake(4096, 4, dense), "dqn65536/dense": speed.snake(65536, 4, dense)}
+    for key, s in runs.items():
+        if key.endswith("/before"):
+            runs[key] = replace(s, args=[os.path.join(before, s.args[0]), *s.args[1:]])
     return runs
 
 
 def tiny(setting: speed.Setting) -> speed.Setting:
     """The dry run's CPU version of a run: --gpu false, the tiny sizes instead of its own, no GPU_ONLY flags."""
-    steps, flags = TINY[os.path.basename(setting.script)]
+    steps, flags = TINY[os.path.basename(setting.args[0])]
     drop, args, skip = GPU_ONLY | dict.fromkeys(flags[::2], 1), [], 0
     for arg in setting.args:
         if skip or arg in drop:
@@ -124,8 +114,8 @@ def check_flags(before: str) -> list[str]:
     import tyro
 
     modules, bad = {}, []
-    for s in training_runs(before):
-        path = os.path.join(ROOT, s.script)
+    for s in training_runs(before).values():
+        path = os.path.join(ROOT, s.args[0])
         if path not in modules:  # under a name of its own; its `import gpu_utils` finds the one beside it
             folder, ours = os.path.dirname(path), sys.modules.pop("gpu_utils")
             sys.path.insert(0, folder)
@@ -157,18 +147,18 @@ def part_ab(o) -> int:
         if bad:
             print("error: flags their script lacks: " + "; ".join(bad), file=sys.stderr)
             return 2
-        runs = [tiny(s) for s in runs]
-        new = sorted([s for s in runs if not s.key.endswith("/before")], key=lambda s: len(s.args))
-        fullest = {s.script: s for s in new}.values()  # each script once, at its setting with the most flags
-        done = dict(zip([s.shown(1.0) for s in fullest], speed.run_together([speed.Run(s, 1.0, 300) for s in fullest])))
-        results = {s.key: replace(done[s.shown(1.0)], label=s.label) for s in runs if s.shown(1.0) in done}
+        runs = {key: tiny(s) for key, s in runs.items()}
+        new = sorted([s for key, s in runs.items() if not key.endswith("/before")], key=lambda s: len(s.args))
+        fullest = list({s.args[0]: s for s in new}.values())  # each script once, at its setting with the most flags
+        done = speed.run_settings(fullest, 1.0, 300)
+        results = {key: done[fullest.index(s)] for key, s in runs.items() if s in fullest}
     deadline = time.monotonic() + o.seconds
-    for s in [] if o.dry_run else runs:
+    for key, s in [] if o.dry_run else runs.items():
         left = deadline - time.monotonic()
         if left < 30:  # a compiled run needs about 20 s before its first SPS
-            results[s.key] = speed.Result(s.label, s.shown(1.0), status="skipped: the part's time was up")
+            results[key] = speed.Result(s.shown(1.0), "skipped: the part's time was up")
         else:
-            results[s.key] = speed.run_setting(s, 1.0, min(120, left - 5))
+            results[key] = speed.run_settings([s], 1.0, min(120, left - 5))[0]
         write(o, "ab", f"Before ({BEFORE_REF}) and after, same lease", info, results)
     write(o, "ab", f"Before ({BEFORE_REF}) and after, same lease", info, results)
     return 0 if all(r.ok for r in results.values()) else 1
@@ -179,22 +169,24 @@ def part_ceilings(o) -> int:
     in subprocesses, ppo_atari's 16 Atari envs (and in async batches of 8), then VecSnake at 2^20, 2^16 and 4,096
     games (dqn_snake_vec.py's target size). Dense and fused; on a CPU no fused step (its compile takes a minute)."""
     cpu = o.dry_run
-    seconds, device, threads = (0.3, "cpu", 1) if cpu else (1.5, "cuda", gpu_utils.available_cpus())
+    seconds, device = (0.3, "cpu") if cpu else (1.5, "cuda")
     atari, mujoco = (4, 1) if cpu else (16, 64)
     modes = ["dense"] if cpu else ["dense", "fused"]
     big, small = ([64], [128]) if cpu else ([2**16, 2**20, 2**22], [4096])
 
     def snake(sizes):
-        return [(f"snake-{mode}/{n}", speed.snake_row, n, device, mode, seconds) for n in sizes for mode in modes]
+        return [(f"snake-{mode}/{n}", speed.snake_row(seconds, n, device, mode)) for n in sizes for mode in modes]
 
-    measures = [*snake(big[-1:]), ("mujoco", speed.mujoco_row, "HalfCheetah-v5", mujoco, True, seconds)]
-    measures += [("atari", speed.atari_row, atari, threads, seconds)]
-    measures += [("atari-async", speed.atari_row, atari, threads, seconds, atari // 2), *snake(big[-2::-1] + small)]
+    measures = [*snake(big[-1:]), ("mujoco", speed.mujoco_row(seconds, mujoco, True))]
+    measures += [
+        ("atari", speed.atari_row(seconds, atari)),
+        ("atari-async", speed.atari_row(seconds, atari, atari // 2)),
+    ]
     deadline, info, results = time.monotonic() + o.seconds, speed.machine_info(), {}
-    for key, measure, *args in measures:
+    for key, row in measures + snake(big[-2::-1] + small):
         if deadline - time.monotonic() < 10:
             break
-        results[key] = measure(*args)
+        results[key] = speed.ceiling(*row)
         write(o, "ceilings", "Environment ceilings, same lease", info, results)
     return 0 if results and all(r.ok for r in results.values()) else 1
 
@@ -247,16 +239,16 @@ def cmd_run(o) -> int:
     # the dry run collects one test file (the whole suite's collection takes a CPU long, and CI collects it anyway)
     tests = ["-p", "no:cacheprovider", "-q", "-n", "0" if o.dry_run else "8"]
     tests.append("tests/test_cuda_graph.py" if o.dry_run else "tests")
-    profile = ["--device", "cuda", "--steps", "150"]
+    profile = ["--gpu", "true", "--steps", "150"]
     if o.dry_run:
-        profile = ["--device", "cpu", "--no-compile", "--num-envs", "2", "--num-steps", "8", "--minibatch-size", "8"]
+        profile = ["--gpu", "false", "--no-compile", "--num-envs", "2", "--num-steps", "8", "--minibatch-size", "8"]
         profile += ["--steps", "12", "--iterations", "2"]
     commands = {
         "facts": ["bash", "-c", FACTS, sys.executable],
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
         "ab": [*me, "ab"],
         "ceilings": [*me, "ceilings"],
-        "profile": [sys.executable, "benchmark/profile_atari.py", "--script-paths", *profile, "--out", o.out],
+        "profile": [sys.executable, "dev/profile_atari.py", *profile, "--out", o.out],
     }
     statuses, parts = [], [part for part in PARTS if part[0] in o.parts]
     for i, (name, output, cap, _) in enumerate(parts):
@@ -280,14 +272,14 @@ def cmd_run(o) -> int:
 
 
 def profiled_update(out: str) -> tuple[str, float | None]:
-    """profile_atari.py's update row: the one as ppo_atari.py --cudagraphs runs it (on a GPU), else its first (eager,
+    """profile_atari.py's update row: the one of --compile --cudagraphs (on a GPU), else its first (eager,
     on a CPU). Returns (phase, ms per iteration)."""
     for name in ("profile_atari_cuda.md", "profile_atari_cpu.md"):
         if os.path.isfile(os.path.join(out, name)):
             with open(os.path.join(out, name)) as f:
                 rows = [line.strip("| ").split(" | ")[:2] for line in f if line.startswith("| update (")]
             rows = [(phase, float(ms)) for phase, ms in rows]
-            graph = [row for row in rows if "one CUDA graph" in row[0]]
+            graph = [row for row in rows if "--cudagraphs" in row[0]]
             if rows:
                 return (graph or rows)[0]
     return "update (not profiled)", None
@@ -356,13 +348,13 @@ def wheels_for(names: list[str], atari_only: bool) -> list[str]:
 
 
 def cmd_prepare(o) -> int:
-    commit = speed.resolve_commit(o.ref)
+    commit = speed_dev.resolve_commit(o.ref)
     if not commit:
         raise UsageError(f"'{o.ref}' is not a commit here (the old code needs this checkout's history)")
     if not os.path.isdir(os.path.join(o.kit, "wheels")):
         raise UsageError(f"no wheel kit at {o.kit} (its folder holds wheels/ and on-device.sh; give it with --kit)")
     shutil.rmtree(BEFORE, ignore_errors=True)
-    speed.export_before(commit, BEFORE)
+    speed_dev.export_before(commit, BEFORE)
     wheels = os.path.join(ROOT, ".whl")
     shutil.rmtree(wheels, ignore_errors=True)
     os.makedirs(wheels)

@@ -119,3 +119,28 @@ def save_checkpoint_with_code(path, marker, **state) -> None:
     import torch
 
     torch.save({"model": {}, "args": {}, **state, "note": RunsCode(str(marker))}, path)
+
+
+# A stand-in for a training script, for tests of the speed tools rather than of a script: it writes an event file as
+# the scripts do (charts/SPS from the second logged step on: the number in a file SPS beside it, else its first
+# argument; threads/torch: the OMP_NUM_THREADS it was given, 0 without one), prints the line a failed CUDA graph
+# capture prints, and exits with its second argument when that is a number. tensorboard alone, no torch: it starts
+# in a fraction of a second.
+FAKE_RUN = """
+import os, sys, time
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+sps_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "SPS")
+sps = float(open(sps_file).read()) if os.path.exists(sps_file) else float(sys.argv[1])
+code = int(sys.argv[2]) if sys.argv[2:3] and sys.argv[2].isdigit() else 0
+writer = EventFileWriter("runs/Fake-v0__fake__1__1")
+threads = float(os.environ.get("OMP_NUM_THREADS", "0"))
+for step, tag, value in [(1, "threads/torch", threads), (2, "charts/SPS", sps), (3, "charts/SPS", sps)]:
+    summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+    writer.add_event(Event(step=step, wall_time=time.time(), summary=summary))
+writer.close()
+print("update: eager (CUDA graph capture failed: RuntimeError: boom)")
+print(f"the fake run's last words, exit {code}", file=sys.stderr)
+sys.exit(code)
+"""

@@ -1,43 +1,111 @@
-"""Tests for benchmark/profile_atari.py (where a ppo_atari.py iteration's time goes) on a CPU at a tiny size, and its
-one-line errors (its --script-paths runs in tests/test_gpu_lease.py's dry run). Nothing here is timed."""
+"""Tests for the developers' speed tools: dev/speed_dev.py (old code against new, runs at once, a commit's scripts in
+a folder) on fake runs, and dev/profile_atari.py's one-line errors (its whole run on a CPU is part of
+tests/test_gpu_lease.py's dry run). Nothing here is timed."""
 
 import os
-import re
 import subprocess
 import sys
 
+import pytest
+from helpers import FAKE_RUN
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
+import profile_atari  # noqa: E402
+import speed_dev  # noqa: E402
+
+sys.path.remove(os.path.join(ROOT, "dev"))
 
 
-def test_profile_atari_times_every_phase_and_predicts_sps(tmp_path):
-    args = ["--device", "cpu", "--no-compile", "--num-envs", 2, "--num-steps", 8, "--minibatch-size", 8]
-    cmd = [sys.executable, os.path.join(ROOT, "benchmark", "profile_atari.py"), *map(str, args)]
-    cmd += ["--steps", "12", "--iterations", "2", "--out", str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert res.returncode == 0, res.stderr[-2000:]
-    text = (tmp_path / "profile_atari_cpu.md").read_text()
-    for phase in [
-        "env: AtariVectorEnv.step, 2 envs",
-        "policy (eager)",
-        "rollout, sequential (eager)",
-        "rollout, 2 overlapped halves of 1 envs (eager)",
-        "update (eager, Adam foreach), 2 x 4 minibatches",
-    ]:
-        assert re.search(re.escape(phase) + r".* \| [\d.]+ \|", text), phase
-    # one prediction per (rollout, update) pair: 2 rollouts x 1 update on a CPU without compile
-    predictions = re.findall(r"^\| eager(?:, 2 halves)? \| eager, Adam foreach \| ([\d,]+) \|", text, re.M)
-    assert len(predictions) == 2 and all(int(p.replace(",", "")) > 0 for p in predictions)
+def code_folder(folder, sps: float):
+    """A folder of the scripts `ab` needs, each a fake run that logs ``sps``."""
+    folder.mkdir()
+    for name in speed_dev.AB_SCRIPTS:
+        (folder / name).write_text(FAKE_RUN)
+    (folder / "SPS").write_text(str(sps))
+    return folder
 
 
-def test_profile_atari_bad_options_are_one_line_errors():
-    """--num-envs 0 crashed ale-py with a segmentation fault and --repeats 0 ended in a traceback."""
-    script = os.path.join(ROOT, "benchmark", "profile_atari.py")
+def test_ab_interleaves_old_and_new_code(tmp_path, monkeypatch, capsys):
+    """Each row with the old scripts (a folder) and the new, the old first in odd rounds; each side's median, each
+    run's SPS and their ratio, here known exactly: the old code logs 1,234 SPS and the new 2,468."""
+    old = code_folder(tmp_path / "old", 1234)
+    (old / "REF").write_text("abc1234\n")
+    monkeypatch.setattr(speed_dev.speed, "ROOT", str(code_folder(tmp_path / "new", 2468)))
+    args = ["ab", "--before", old, "--profile", "cpu", "--only", "HalfCheetah-v5 --total", "--rounds", "2"]
+    assert speed_dev.main([*map(str, args), "--out", str(tmp_path), "--note", "test"]) == 0
+    started = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[speed] round")]
+    assert started == [
+        "[speed] round 1/2, before",
+        "[speed] round 1/2, after",
+        "[speed] round 2/2, after",
+        "[speed] round 2/2, before",
+    ]
+    (report,) = tmp_path.glob("ab_cpu_*.md")
+    text = report.read_text()
+    assert f"Before: folder {old} (commit abc1234). After: this checkout. 2 round(s)" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| `python ppo_continuous.py")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    graph = "; update: eager (CUDA graph capture failed: RuntimeError: boom)"  # what a run could not do, beside it
+    assert cells[1:] == [f"1,234 (1,234, 1,234){graph}", f"2,468 (2,468, 2,468){graph}", "**2.00x**"]
+
+
+def test_ab_refuses_a_folder_without_the_scripts_and_reads_a_commit(tmp_path, capsys):
+    assert speed_dev.main(["ab", "--before", str(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no ppo_atari.py, ppo_continuous.py, dqn_snake_vec.py, gpu_utils.py there" in err
+    assert speed_dev.main(["ab", "--before", "no-such-commit-or-folder", "--dry-run"]) == 2
+    assert "neither a folder nor a commit of this repository" in capsys.readouterr().err
+    if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("no git history here")
+    assert speed_dev.main(["before", "HEAD", str(tmp_path / "head")]) == 0
+    assert sorted(os.listdir(tmp_path / "head")) == sorted(["REF", *speed_dev.AB_SCRIPTS])
+    capsys.readouterr()
+    assert speed_dev.main(["ab", "--before", "HEAD", "--dry-run"]) == 0
+    before, after = capsys.readouterr().out.splitlines()[:2]
+    assert before.startswith("before: python /") and "/speed_before_" in before and "/ppo_atari.py --env-id" in before
+    assert after == "after:  python ppo_atari.py --env-id ALE/Breakout-v5 --total-timesteps 6144 --no-progress-bar"
+
+
+def test_concurrency_by_hand_and_pinned(tmp_path, monkeypatch, capsys):
+    """Copies at once: started by hand they get no thread variable; pinned, their own CPUs' count. The total is the
+    sum of the copies' SPS, set against one run alone and the target."""
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE_RUN)
+    monkeypatch.setitem(speed_dev.CONCURRENCY, "fake", speed_dev.Setting([str(script), "100"], 1, 2))
+    for pin, threads in (([], "0 / 0"), (["--pin"], "1 / 1" if len(speed_dev.gpu_utils.allowed_cpus()) > 1 else None)):
+        args = ["concurrency", "--scripts", "fake", "--copies", "2", *pin, "--out", str(tmp_path)]
+        assert speed_dev.main(args) == 0
+        (report,) = tmp_path.glob(f"concurrency{'_pinned' if pin else ''}_*.md")
+        text = report.read_text()
+        assert ("each pinned to its CPUs" if pin else "started by hand: no pinning, no thread variables") in text
+        rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| fake |")]
+        one, two = [[c.strip() for c in row] for row in rows]
+        assert one[1:5] == ["1", "100", "100", "1.00x"] and one[6] == "-"
+        assert two[1:5] == ["2", "100 / 100", "200", "2.00x"] and two[6] == ">= 1.00x: met"
+        assert threads is None or two[5] == threads
+    assert speed_dev.main(["concurrency", "--scripts", "nope"]) == 2
+    assert "--scripts takes ppo_atari, dqn_snake_vec" in capsys.readouterr().err
+
+
+def test_profile_atari_bad_options_are_one_line_errors(capsys):
+    """--num-envs 0 crashed ale-py with a segmentation fault and --steps 3 ended in a traceback."""
     for args, words in [
-        (["--num-envs", "0"], "--num-envs must be at least 2"),
-        (["--host-only", "--repeats", "0"], "--repeats must be at least 1"),
+        (["--num-envs", "0"], "--num-envs, --num-steps, --update-epochs and --max-episode-frames must be at least 1"),
+        (["--steps", "3"], "--steps must be at least 6"),
+        (["--num-envs", "1", "--minibatch-size", "64"], "--num-envs must be at least 2"),
     ]:
-        res = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
-        assert res.returncode == 2, res.stdout + res.stderr
-        lines = res.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], res.stderr
+        assert profile_atari.main(args) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+
+
+def test_profile_atari_times_the_scripts_own_steps_and_they_compile():
+    """The policy step comes from ppo_atari.py's main block and compiles: dynamo finds its globals (with them only in
+    a dict named after ppo_atari, it looked in the ppo_atari module and failed: 'no attribute agent')."""
+    import torch
+
+    agent = profile_atari.ppo_atari.Agent(4)
+    policy_step = torch.compile(profile_atari.from_script("policy_step", agent=agent), backend="eager")
+    action, logprob, value = policy_step(torch.zeros((3, 4, 84, 84), dtype=torch.uint8))
+    assert action.shape == logprob.shape == value.shape == (3,) and logprob.le(0).all()

@@ -5,6 +5,7 @@ here is timed."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,11 +46,11 @@ def old_code(tmp_path_factory):
     """The old code the lease measures against: commit 7351b50's scripts, or where this clone lacks that history,
     this checkout's (the flags of 7351b50 itself are then checked by `prepare`, which the lease needs anyway)."""
     folder = tmp_path_factory.mktemp("before")
-    commit = gpu_lease.speed.resolve_commit(gpu_lease.BEFORE_REF)
+    commit = gpu_lease.speed_dev.resolve_commit(gpu_lease.BEFORE_REF)
     if commit:
-        gpu_lease.speed.export_before(commit, str(folder))
+        gpu_lease.speed_dev.export_before(commit, str(folder))
     else:
-        for name in gpu_lease.speed.AB_SCRIPTS:
+        for name in gpu_lease.speed_dev.AB_SCRIPTS:
             shutil.copy(os.path.join(ROOT, name), folder / name)
         (folder / "REF").write_text("this checkout\n")
     return folder
@@ -69,7 +70,7 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     for figure in [
         "ppo_atari.py --compile --cudagraphs --async-envs 8",
         "ppo_continuous.py --preset beast --subproc",
-        "PPO update (eager, Adam fused), 2 x 4 minibatches",
+        "PPO update (eager), 2 x 4 minibatches",
         "dqn_snake_vec.py --compile --cudagraphs, 4,096 games, fused",
     ]:
         assert rows[figure][0] != "not measured" and rows[figure][3] in ("yes", "no"), (figure, rows[figure])
@@ -84,13 +85,19 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     facts = (out / "machine.txt").read_text()
     assert "Python.h:" in facts and "gcc:" in facts and "torch " in facts and "CPUs: " in facts
     assert "1 skipped" in (out / "pytest_gpu.txt").read_text()
-    profile = table_rows((out / "profile_atari_cpu.md").read_text())  # --script-paths: what ppo_atari.py runs
+    profile_text = (out / "profile_atari_cpu.md").read_text()
+    profile = table_rows(profile_text)  # ppo_atari.py's own code, eager
     assert [phase for phase in profile if phase.startswith(("policy (", "rollout,", "update ("))] == [
         "policy (eager): copy in, act, actions out",
-        "rollout, sequential (eager)",
-        "rollout, 2 overlapped halves of 1 envs (eager)",
-        "update (eager, Adam fused), 2 x 4 minibatches",
+        "rollout, one group (eager)",
+        "rollout, two halves (eager)",
+        "rollout, --async-envs 1 (eager)",
+        "update (eager), 2 x 4 minibatches",
     ]
+    # one predicted SPS per rollout, with the update of the same path
+    pattern = r"^\| (?:one group|two halves|--async-envs 1) \(eager\) \| update \(eager\)[^|]*\| ([\d,]+) \|"
+    predictions = re.findall(pattern, profile_text, re.M)
+    assert len(predictions) == 3 and all(int(p.replace(",", "")) > 0 for p in predictions), profile_text
 
 
 def test_the_flag_check_parses_with_each_folders_own_script(tmp_path, monkeypatch):
@@ -102,12 +109,12 @@ def test_the_flag_check_parses_with_each_folders_own_script(tmp_path, monkeypatc
         "from dataclasses import dataclass\nimport gpu_utils\nassert gpu_utils.OLD\n\n\n"
         "@dataclass\nclass Args:\n    env_id: str = 'x'\n"
     )
-    run = gpu_lease.speed.Setting("k/after", "new", "ppo_atari.py", ["--async-envs", "8"], 128, 2)
-    runs = [replace(run, key="k/before", script=str(old / "ppo_atari.py")), run]
-    runs.append(replace(run, key="k/typo", args=["--async-env", "8"]))
+    run = gpu_lease.speed.Setting(["ppo_atari.py", "--async-envs", "8"], 128, 2)
+    runs = {"k/before": replace(run, args=[str(old / "ppo_atari.py"), *run.args[1:]]), "k/after": run}
+    runs["k/typo"] = replace(run, args=["ppo_atari.py", "--async-env", "8"])
     monkeypatch.setattr(gpu_lease, "training_runs", lambda before: runs)
     bad = gpu_lease.check_flags(str(old))
-    assert bad == [runs[0].shown(1.0), runs[2].shown(1.0)]
+    assert bad == [runs["k/before"].shown(1.0), runs["k/typo"].shown(1.0)]
     assert sys.modules["gpu_utils"].__file__ == os.path.join(ROOT, "gpu_utils.py")  # ours again afterwards
 
 
@@ -159,9 +166,9 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     env |= {"snake-fused/4096": 7e6}
     (work / "ab.json").write_text(json.dumps(ab))
     (work / "ceilings.json").write_text(json.dumps(env))
-    name = "update (one CUDA graph per minibatch step: compiled loss, Adam fused capturable), 8 x 4 minibatches"
+    name = "update (--compile --cudagraphs), 8 x 4 minibatches"
     (out / "profile_atari_cuda.md").write_text(
-        f"| phase | ms | per |\n|---|---|---|\n| update (eager, Adam fused), 8 x 4 minibatches | 190.5 | ms |\n"
+        f"| phase | ms | per |\n|---|---|---|\n| update (eager), 8 x 4 minibatches | 190.5 | ms |\n"
         f"| {name} | 20.000 | ms / iteration |\n"
     )
     text = gpu_lease.summary(
@@ -201,7 +208,8 @@ def test_a_call_carries_the_wheel_kit_less_mjx_or_for_training_only_the_atari_wh
 
 def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large(tmp_path):
     repo, kit = tmp_path / "repo", tmp_path / "kit"
-    for name in [".gitignore", "dev/gpu_lease.py", "benchmark/speed.py", "run_utils.py", *gpu_lease.speed.AB_SCRIPTS]:
+    code = ["dev/gpu_lease.py", "dev/speed_dev.py", "benchmark/speed.py", "benchmark/report.py", "benchmark/sweep.py"]
+    for name in [".gitignore", *code, "run_utils.py", *gpu_lease.speed_dev.AB_SCRIPTS]:
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(ROOT, name), repo / name)
     (kit / "wheels").mkdir(parents=True)

@@ -463,16 +463,3 @@ def test_captured_update_learns_as_the_eager_one(tmp_path):
         models[flag] = torch.load(path, weights_only=True)["model"]
     for key, weight in models["--compile"].items():
         torch.testing.assert_close(models["--cudagraphs"][key], weight, atol=1e-4, rtol=1e-3)
-
-
-def test_profile_host_work_alone_on_the_cpu():
-    """profile_atari.py --host-only replays recorded env steps through the rollout's bookkeeping, in one group and in
-    two halves, and reports the time and the load-independent counts (Python lines, calls into C) per vector step;
-    two halves do each step's bookkeeping twice on half the rows."""
-    cmd = [sys.executable, str(ROOT / "benchmark" / "profile_atari.py"), "--host-only", "--num-envs", "4"]
-    out = subprocess.run([*cmd, "--steps", "60", "--repeats", "1"], capture_output=True, text=True, env=env_vars())
-    assert out.returncode == 0, out.stderr[-2000:]
-    pattern = r"host work, (\d) group\(s\): [\d.]+ us / vector step .*; ([\d.]+) Python lines, ([\d.]+) calls into C"
-    counts = {groups: (float(lines), float(c_calls)) for groups, lines, c_calls in re.findall(pattern, out.stdout)}
-    assert set(counts) == {"1", "2"} and min(counts["1"]) > 0, out.stdout
-    assert counts["2"][1] == pytest.approx(2 * counts["1"][1], abs=0.1)

@@ -1,10 +1,12 @@
 """Tests for benchmark/report.py on synthetic TensorBoard runs and checkpoints, and for the reference scores file."""
 
+import contextlib
 import csv
+import io
 import os
-import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from helpers import save_checkpoint_with_code
@@ -15,6 +17,10 @@ from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmark")
+sys.path.insert(0, BENCH)
+import report as rep  # noqa: E402
+
+sys.path.remove(BENCH)
 
 
 def write_run(root, name, returns=(), return_steps=None, sps=(), sps_steps=None, total=None, t0=1000.0, dt=1.0):
@@ -42,8 +48,11 @@ def write_checkpoint(run_dir, status, global_step, total):
 
 
 def run_report(*args):
-    cmd = [sys.executable, os.path.join(BENCH, "report.py"), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    """report.py's main in this process: (returncode, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        returncode = rep.main(list(map(str, args)))
+    return SimpleNamespace(returncode=returncode, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def table_row(text, *cells):
@@ -177,7 +186,7 @@ def test_report_errors(tmp_path):
     assert res.stderr.startswith("error: runs directory") and res.stderr.count("\n") == 1
     (tmp_path / "empty").mkdir()
     res = run_report(tmp_path / "empty", "--out", tmp_path / "o")
-    assert res.returncode == 2 and res.stderr.startswith("error: no run directories")
+    assert res.returncode == 2 and res.stderr.startswith("error: no run folders")
 
 
 def test_report_refuses_a_references_file_it_cannot_use(tmp_path):
@@ -198,11 +207,6 @@ def test_report_refuses_a_references_file_it_cannot_use(tmp_path):
 
 
 def test_report_curve_interpolation():
-    sys.path.insert(0, BENCH)
-    try:
-        import report as rep
-    finally:
-        sys.path.remove(BENCH)
     import numpy as np
 
     a = rep.Run("a", "a", "E", "x", 1, steps=np.array([0.0, 100.0]), returns=np.array([0.0, 10.0]))

@@ -1,15 +1,16 @@
-"""Speed baseline: CleanRL's ppo_atari.py as a reader knows it, on ALE v5, standing alone (nothing imported from
-this project).
+"""Speed baseline: CleanRL's PPO as a reader knows it, standing alone (nothing imported from this project).
 
-What makes it the usual single-file script: a gymnasium SyncVectorEnv over gym.make envs (a Python loop over the
-envs), the SB3/CleanRL Atari wrappers (no-op starts, max-and-skip 4, episodic life, FIRE on reset, reward clipping,
-84x84 resize, 4-frame stack), float32 rollout storage, per-step host<->device copies of observations, rewards and
-dones, a torch Categorical distribution, and CleanRL's Nature ConvNet Agent, losses and hyperparameters.
-Differences from CleanRL's file, each needed to run here: ALE v5 ids (sticky actions 0.25, frameskip=1 in gym.make so
-MaxAndSkipEnv does the skipping, grayscale frames from ALE), the 84x84 resize done with Pillow (CleanRL's
-ResizeObservation needs OpenCV, which this project does not install), gymnasium 1.x's SameStep autoreset with its
-``final_info`` layout, and ``charts/SPS`` logged per iteration from the second one on (CleanRL logs the running
-average) so that benchmark/speed.py reads it the same way as for our scripts. Not a training script to rely on.
+    python benchmark/baseline_ppo.py --env-id ALE/Breakout-v5   # CleanRL's ppo_atari.py
+    python benchmark/baseline_ppo.py --env-id HalfCheetah-v5    # CleanRL's ppo_continuous_action.py
+
+The usual single-file script: a gymnasium SyncVectorEnv over gym.make envs (a Python loop over them) with the usual
+per-env wrappers (Atari: SB3's no-op starts, max-and-skip 4, episodic life, FIRE on reset, reward clipping, 84x84,
+4 frames; MuJoCo: observation and reward normalisation and clipping), float32 rollout storage, per-step host-device
+copies, torch distributions, and CleanRL's networks, losses and each script's hyperparameters. Changed to run here:
+gymnasium 1.x (SameStep autoreset, the ``final_info`` layout, its port of SB3's MaxAndSkipEnv); ALE v5 ids (sticky
+actions, grayscale from ALE, frameskip=1 in gym.make so that the wrapper skips) and the resize done with Pillow
+(CleanRL's needs OpenCV, which this project does not install); ``charts/SPS`` logged per iteration from the second
+on, as our scripts log it (CleanRL logs a running mean). A speed baseline, not a training script to rely on.
 """
 
 import random
@@ -24,6 +25,7 @@ import torch.optim as optim
 import tyro
 from PIL import Image
 from torch.distributions.categorical import Categorical
+from torch.distributions.normal import Normal
 from torch.utils.tensorboard import SummaryWriter
 
 gym.register_envs(__import__("ale_py"))  # registers the ALE/<Game>-v5 ids
@@ -31,41 +33,31 @@ gym.register_envs(__import__("ale_py"))  # registers the ALE/<Game>-v5 ids
 
 @dataclass
 class Args:
-    exp_name: str = "baseline_ppo_atari"
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    cuda: bool = True
-    """use CUDA when available"""
-    env_id: str = "ALE/Breakout-v5"
-    """the id of the environment"""
-    total_timesteps: int = 10_000_000
-    """total agent steps"""
-    learning_rate: float = 2.5e-4
-    """the learning rate of the optimizer"""
-    num_envs: int = 8
-    """the number of parallel game environments"""
-    num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
-    gae_lambda: float = 0.95
-    """the lambda for the general advantage estimation"""
-    num_minibatches: int = 4
-    """the number of mini-batches"""
-    update_epochs: int = 4
-    """the K epochs to update the policy"""
-    clip_coef: float = 0.1
-    """the surrogate clipping coefficient"""
-    ent_coef: float = 0.01
-    """coefficient of the entropy"""
-    vf_coef: float = 0.5
-    """coefficient of the value function"""
-    max_grad_norm: float = 0.5
-    """the maximum norm for the gradient clipping"""
+    """Fields left unset (None) take the defaults of the CleanRL script the env id picks: ATARI or MUJOCO below."""
+
+    env_id: str = "ALE/Breakout-v5"  # an ALE/<Game>-v5 id (ppo_atari.py) or a MuJoCo one (ppo_continuous_action.py)
+    exp_name: str | None = None  # the name of this experiment
+    seed: int = 1  # seed of the experiment
+    cuda: bool | None = None  # use CUDA when available
+    total_timesteps: int | None = None  # total agent steps
+    learning_rate: float | None = None  # the learning rate of the optimizer
+    num_envs: int | None = None  # the number of parallel environments
+    num_steps: int | None = None  # the number of steps to run in each environment per policy rollout
+    gamma: float = 0.99  # the discount factor gamma
+    gae_lambda: float = 0.95  # the lambda for the general advantage estimation
+    num_minibatches: int | None = None  # the number of mini-batches
+    update_epochs: int | None = None  # the K epochs to update the policy
+    clip_coef: float | None = None  # the surrogate clipping coefficient
+    ent_coef: float | None = None  # coefficient of the entropy
+    vf_coef: float = 0.5  # coefficient of the value function
+    max_grad_norm: float = 0.5  # the maximum norm for the gradient clipping
 
 
-# ---------------- the SB3 Atari wrappers CleanRL imports (stable_baselines3.common.atari_wrappers), gymnasium API
+# each CleanRL script's defaults, for the fields left unset (None)
+ATARI = dict(exp_name="baseline_ppo_atari", cuda=True, total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8)
+ATARI |= dict(num_steps=128, num_minibatches=4, update_epochs=4, clip_coef=0.1, ent_coef=0.01)
+MUJOCO = dict(exp_name="baseline_ppo_continuous", cuda=False, total_timesteps=1_000_000, learning_rate=3e-4)
+MUJOCO |= dict(num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0)
 
 
 class NoopResetEnv(gym.Wrapper):
@@ -82,26 +74,6 @@ class NoopResetEnv(gym.Wrapper):
             if terminated or truncated:
                 obs, info = self.env.reset(**kwargs)
         return obs, info
-
-
-class MaxAndSkipEnv(gym.Wrapper):
-    """Repeat the action `skip` times; the observation is the max over the last two frames."""
-
-    def __init__(self, env, skip=4):
-        super().__init__(env)
-        self._obs_buffer = np.zeros((2, *env.observation_space.shape), dtype=env.observation_space.dtype)
-        self._skip = skip
-
-    def step(self, action):
-        total_reward, terminated, truncated, info = 0.0, False, False, {}
-        for i in range(self._skip):
-            obs, reward, terminated, truncated, info = self.env.step(action)
-            if i >= self._skip - 2:
-                self._obs_buffer[i - (self._skip - 2)] = obs
-            total_reward += float(reward)
-            if terminated or truncated:
-                break
-        return self._obs_buffer.max(axis=0), total_reward, terminated, truncated, info
 
 
 class EpisodicLifeEnv(gym.Wrapper):
@@ -145,34 +117,31 @@ class FireResetEnv(gym.Wrapper):
         return obs, {}
 
 
-class ClipRewardEnv(gym.RewardWrapper):
-    def reward(self, reward):
-        return np.sign(float(reward))
+def resize(obs):
+    """84x84 bilinear, as CleanRL's ResizeObservation."""
+    return np.asarray(Image.fromarray(obs).resize((84, 84), Image.BILINEAR))
 
 
-class ResizeObservation(gym.ObservationWrapper):
-    """84x84 bilinear resize of a grayscale frame (Pillow; CleanRL's gymnasium wrapper uses OpenCV)."""
-
-    def __init__(self, env, size=84):
-        super().__init__(env)
-        self.size = size
-        self.observation_space = gym.spaces.Box(0, 255, (size, size), np.uint8)
-
-    def observation(self, obs):
-        return np.asarray(Image.fromarray(obs).resize((self.size, self.size), Image.BILINEAR))
-
-
-def make_env(env_id):
+def make_env(env_id, gamma):
     def thunk():
+        if not env_id.startswith("ALE/"):
+            env = gym.make(env_id)
+            env = gym.wrappers.FlattenObservation(env)
+            env = gym.wrappers.RecordEpisodeStatistics(env)
+            env = gym.wrappers.ClipAction(env)
+            env = gym.wrappers.NormalizeObservation(env)
+            env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+            env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+            return gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         env = gym.make(env_id, frameskip=1, obs_type="grayscale")  # v5: sticky actions 0.25, minimal action set
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = NoopResetEnv(env, noop_max=30)
-        env = MaxAndSkipEnv(env, skip=4)
+        env = gym.wrappers.MaxAndSkipObservation(env, skip=4)
         env = EpisodicLifeEnv(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
             env = FireResetEnv(env)
-        env = ClipRewardEnv(env)
-        env = ResizeObservation(env, 84)
+        env = gym.wrappers.TransformReward(env, np.sign)  # SB3's ClipRewardEnv
+        env = gym.wrappers.TransformObservation(env, resize, gym.spaces.Box(0, 255, (84, 84), np.uint8))
         return gym.wrappers.FrameStackObservation(env, 4)
 
     return thunk
@@ -184,38 +153,68 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
     return layer
 
 
-class Agent(nn.Module):
-    """The Nature ConvNet with a policy and a value head, as in CleanRL's ppo_atari.py."""
+def mlp(inputs, outputs, std):
+    return nn.Sequential(
+        layer_init(nn.Linear(inputs, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, outputs), std=std),
+    )
 
-    def __init__(self, envs):
+
+class Agent(nn.Module):
+    """Atari: the Nature ConvNet with a policy (Categorical) and a value head. MuJoCo: 64-64 tanh MLPs for the
+    action's mean and the value, and a learned log std (Normal)."""
+
+    def __init__(self, envs, atari):
         super().__init__()
-        self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-            layer_init(nn.Linear(64 * 7 * 7, 512)),
-            nn.ReLU(),
-        )
-        self.actor = layer_init(nn.Linear(512, envs.single_action_space.n), std=0.01)
-        self.critic = layer_init(nn.Linear(512, 1), std=1)
+        self.atari = atari
+        if atari:
+            self.network = nn.Sequential(
+                layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)),
+                nn.ReLU(),
+            )
+            self.actor = layer_init(nn.Linear(512, envs.single_action_space.n), std=0.01)
+            self.critic = layer_init(nn.Linear(512, 1), std=1)
+        else:
+            obs_dim, act_dim = np.prod(envs.single_observation_space.shape), np.prod(envs.single_action_space.shape)
+            self.network = nn.Identity()
+            self.actor = mlp(obs_dim, act_dim, 0.01)
+            self.critic = mlp(obs_dim, 1, 1.0)
+            self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def get_value(self, x):
-        return self.critic(self.network(x / 255.0))
+        return self.critic(self.network(x / 255.0 if self.atari else x))
 
     def get_action_and_value(self, x, action=None):
-        hidden = self.network(x / 255.0)
-        probs = Categorical(logits=self.actor(hidden))
+        hidden = self.network(x / 255.0 if self.atari else x)
+        if self.atari:
+            probs = Categorical(logits=self.actor(hidden))
+        else:
+            action_mean = self.actor(hidden)
+            probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
         if action is None:
             action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+        logprob, entropy = probs.log_prob(action), probs.entropy()
+        if not self.atari:  # one Normal per action dimension
+            logprob, entropy = logprob.sum(1), entropy.sum(1)
+        return action, logprob, entropy, self.critic(hidden)
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    atari = args.env_id.startswith("ALE/")
+    for name, value in (ATARI if atari else MUJOCO).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -227,18 +226,20 @@ if __name__ == "__main__":
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     autoreset = gym.vector.AutoresetMode.SAME_STEP  # as gymnasium < 1.0, which CleanRL was written for
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(args.num_envs)], autoreset_mode=autoreset)
-    agent = Agent(envs).to(device)
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, args.gamma) for _ in range(args.num_envs)], autoreset_mode=autoreset
+    )
+    agent = Agent(envs, atari).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape).to(device)
-    actions = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape).to(device)
     logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
     rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
     dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
 
-    global_step, start_time = 0, time.time()
+    global_step = 0
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs, next_done = torch.Tensor(next_obs).to(device), torch.zeros(args.num_envs).to(device)
     for iteration in range(1, args.num_iterations + 1):
@@ -274,14 +275,15 @@ if __name__ == "__main__":
             returns = advantages + values
 
         b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
-        b_logprobs, b_actions = logprobs.reshape(-1), actions.reshape(-1)
-        b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+        b_actions = actions.reshape((-1,) + envs.single_action_space.shape)
+        b_actions = b_actions.long() if atari else b_actions
+        b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (logprobs, advantages, returns, values))
         b_inds = np.arange(args.batch_size)
         for _epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start : start + args.minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions.long()[mb_inds])
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 newvalue = newvalue.view(-1)
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
@@ -308,7 +310,7 @@ if __name__ == "__main__":
         writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
         writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
         sps = args.batch_size / (time.time() - iteration_start)
-        if iteration > 1:
+        if iteration > 1:  # the first iteration is warm-up
             writer.add_scalar("charts/SPS", sps, global_step)
         print(f"iteration {iteration} global_step={global_step} SPS={sps:.0f}")
     envs.close()
