@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import importlib.util
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +255,21 @@ def _import_mjx(impl: str):
         from mujoco import mjx
     if jax.config.jax_compilation_cache_dir is None:  # JAX_COMPILATION_CACHE_DIR, when set, wins
         jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+    if impl == "warp":
+        import warp
+
+        if getattr(warp.config, "log_level", None) == warp.LOG_INFO:  # not a level the user chose
+            warp.config.log_level = warp.LOG_WARNING  # not a line per kernel module it compiles or loads
     return jax, mjx
+
+
+def cpu_deadlock_risk(jaxlib_version: str) -> bool:
+    """Whether this jaxlib's CPU LAPACK kernels can hang MJX: 0.10.0 to 0.11.0 split a batched factorization (the
+    Cholesky of MJX's Newton solver, one per world) over XLA's CPU thread pool and block a pool thread waiting for
+    the parts; with two such calls on two cores nothing is left to run them (seen with 0.10.2 after 1 to 120 steps
+    of 1,024 worlds). 0.9 does not split; 0.11.1 builds it out."""
+    release = tuple(int(part) for part in re.findall(r"\d+", jaxlib_version)[:3])
+    return (0, 10, 0) <= release < (0, 11, 1)
 
 
 def _jax_device(jax, device: str | torch.device | None):
@@ -347,14 +363,19 @@ class MJXVectorEnv:
         self.device = _torch_device(self._jax_device)
         if impl == "warp" and self._jax_device.platform not in ("gpu", "cpu"):
             raise MJXEnvError(f"impl='warp' runs on an NVIDIA GPU or the CPU, not {self._jax_device}")
+        jaxlib_version = importlib.metadata.version("jaxlib")
+        if impl == "jax" and self._jax_device.platform == "cpu" and cpu_deadlock_risk(jaxlib_version):
+            fix = "pip install 'jax>=0.9.2,<0.10' (Python 3.11) or 'jax>=0.11.1'"
+            raise MJXEnvError(f"jaxlib {jaxlib_version} can hang MJX on the CPU (see docs/mjx.md): {fix}")
 
         xml_path = gymnasium_xml_path(self.task.xml_file)
         if not xml_path.is_file():
             raise MJXEnvError(f"no MuJoCo model at {xml_path}")
         self.mj_model = mujoco.MjModel.from_xml_path(str(xml_path))
         self.dt = self.mj_model.opt.timestep * self.task.frame_skip  # MujocoEnv.dt
-        nq, nv, nu = self.mj_model.nq, self.mj_model.nv, self.mj_model.nu
-        self.obs_dim = int(np.asarray(self.task.observation(np.zeros(nq), np.zeros(nv))).shape[0])
+        with jax.default_device(self._jax_device):
+            self._build(jax, mjx, naconmax, njmax)
+            self._key = jax.device_put(jax.random.key(seed), self._jax_device)
 
         # MujocoEnv._set_action_space: a float32 box over the actuators' control ranges
         low, high = self.mj_model.actuator_ctrlrange.copy().astype(np.float32).T
@@ -362,16 +383,13 @@ class MJXVectorEnv:
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), dtype=np.float32)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-
-        with jax.default_device(self._jax_device):
-            self._build(jax, mjx, naconmax, njmax, nq, nv, nu)
-            self._key = jax.device_put(jax.random.key(seed), self._jax_device)
         self._state = None  # (data, episode_return, episode_length) of every world, after the first reset
         self._in_flight: list[torch.Tensor] = []  # torch tensors JAX may still be reading
 
-    def _build(self, jax, mjx, naconmax, njmax, nq, nv, nu):
+    def _build(self, jax, mjx, naconmax, njmax):
         """Put the model on the device and jit reset, step and set_state for all worlds."""
         jnp = jax.numpy
+        nq, nv, nu = self.mj_model.nq, self.mj_model.nv, self.mj_model.nu
         n = self.num_envs
         task = self.task
         frame_skip = task.frame_skip
@@ -444,8 +462,12 @@ class MJXVectorEnv:
         self._step_fn = jax.jit(step, donate_argnums=0)
         self._reset_fn = jax.jit(reset)
         self._set_state_fn = jax.jit(set_state, donate_argnums=0)
-        # gymnasium's per-step info keys for this task, in the order world_step packs them
-        self.info_names = sorted(task.evaluate(init_qpos, 0.0, init_qpos, jnp.zeros(nv), jnp.zeros(nu), dt)[2])
+        # the observation's size and gymnasium's per-step info keys (sorted, as world_step packs them), from shapes
+        qpos, qvel, action = (jax.ShapeDtypeStruct((size,), jnp.float32) for size in (nq, nv, nu))
+        self.obs_dim = jax.eval_shape(task.observation, qpos, qvel).shape[0]
+        x_before = jax.ShapeDtypeStruct((), jnp.float32)
+        _, _, info = jax.eval_shape(lambda *x: task.evaluate(init_qpos, *x, dt), x_before, qpos, qvel, action)
+        self.info_names = sorted(info)
         obs_size = n * self.obs_dim
         self._step_sizes = [obs_size, obs_size] + [n] * (5 + len(self.info_names))
 
