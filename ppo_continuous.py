@@ -14,6 +14,7 @@ import torch.nn as nn
 import tyro
 
 import gpu_utils
+import mjx_envs
 import run_utils
 
 
@@ -67,8 +68,14 @@ class Args:
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v5"
     """any gymnasium env id with a continuous (Box) action space"""
-    preset: Literal["fast", "heavy", "beast"] | None = None
-    """GPU-heavy settings (see PRESETS); flags you pass explicitly still win"""
+    preset: Literal["fast", "heavy", "beast", "worlds"] | None = None
+    """GPU-heavy settings (see PRESETS; worlds: for --sim mjx); flags you pass explicitly still win"""
+    sim: Literal["cpu", "mjx"] = "cpu"
+    """where the physics runs: cpu (gymnasium's MuJoCo envs), or mjx (all envs as one batch of worlds on the device
+    through MJX: HalfCheetah, Hopper, Walker2d and InvertedPendulum v5; pip install -e ".[mjx]")"""
+    mjx_impl: Literal["jax", "warp"] = "jax"
+    """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels, NVIDIA GPUs; the warp
+    extra)"""
     subproc: bool = False
     """step the envs in subprocesses (AsyncVectorEnv, forkserver); default in-process"""
     total_timesteps: int = 1000000
@@ -112,12 +119,14 @@ class Args:
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
 RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
 RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
-RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "subproc"}
+RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "subproc", "mjx_impl"}
 DEFAULTS = dict(num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, network_arch="64,64")
 PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
     "fast": dict(num_envs=16, num_steps=256, minibatch_size="2048", update_epochs=15, network_arch="512,512"),
     "heavy": dict(num_envs=32, num_steps=256, minibatch_size="4096", update_epochs=20, network_arch="1024,512,256"),
     "beast": dict(num_envs=64, num_steps=512, minibatch_size="8192", update_epochs=30, network_arch="1024,512,512,256"),
+    # thousands of worlds and short rollouts, as MuJoCo Playground's PPO runs them; not yet measured on a GPU here
+    "worlds": dict(num_envs=4096, num_steps=32, minibatch_size="16384", update_epochs=4, network_arch="256,256"),
 }
 LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
 
@@ -171,7 +180,14 @@ def validate(args: Args, evaluating: bool) -> None:
         raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")
     batch_size = args.num_envs * args.num_steps
     enough = f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} = envs x steps)"
-    run_utils.check(run_utils.shared_checks(args) | {enough: evaluating or args.total_timesteps >= batch_size})
+    worlds = f"--sim mjx has {', '.join(mjx_envs.TASKS)}, not {args.env_id}; use --sim cpu for it"
+    mjx_only = "--sim mjx steps every env on the device: drop --subproc and --capture-video"
+    checks = {enough: evaluating or args.total_timesteps >= batch_size}
+    if args.sim == "mjx" and not evaluating:  # the extra, before the run writes anything
+        extra = mjx_envs.missing_extra(args.mjx_impl)
+        checks |= {worlds: args.env_id in mjx_envs.TASKS, mjx_only: not (args.subproc or args.capture_video)}
+        checks |= {f"--sim mjx: {extra}": not extra}
+    run_utils.check(run_utils.shared_checks(args) | checks)
 
 
 def hidden_sizes(arch: str) -> list[int]:
@@ -252,14 +268,14 @@ class HostEnvs:
         self.gamma = gamma
         self.device = device
         self.low, self.high = envs.single_action_space.low, envs.single_action_space.high
-        obs_dim = int(np.prod(envs.single_observation_space.shape))
+        self.obs_dim = obs_dim = int(np.prod(envs.single_observation_space.shape))
+        self.act_dim = envs.single_action_space.shape[0]
         self.obs_rms = RunningMeanStd(obs_dim, state["obs_rms"] if state else None)  # cheap per step on the host
         self.ret_rms = RunningMeanStd((), state["ret_rms"] if state else None)
         self.discounted = np.zeros(envs.num_envs)  # the discounted return whose std scales the rewards
         self.episode_return = np.zeros(envs.num_envs)
         self.episode_length = np.zeros(envs.num_envs, dtype=np.int64)
         self.episodes = []  # (global step, return, length) of the episodes that ended
-        self.staging = torch.zeros((envs.num_envs, obs_dim), pin_memory=device.type == "cuda")  # one copy per step
 
     def state(self) -> dict:
         return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
@@ -268,10 +284,7 @@ class HostEnvs:
         return self.to_device(self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True))
 
     def to_device(self, obs: np.ndarray) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return torch.as_tensor(obs, dtype=torch.float32)
-        self.staging.numpy()[:] = obs  # free again: the policy's actions were read from the last one's copy
-        return self.staging.to(self.device, non_blocking=True)
+        return torch.as_tensor(obs, dtype=torch.float32).to(self.device)
 
     def step(self, actions: torch.Tensor, value, global_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Step every env by the policy's ``actions``; returns the next observations, the scaled rewards and the
@@ -301,6 +314,57 @@ class HostEnvs:
         """(global step, return, length) of the episodes that ended since the last call."""
         episodes, self.episodes = self.episodes, []
         return episodes
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class DeviceEnvs:
+    """MJX worlds (--sim mjx, mjx_envs.MJXVectorEnv) as the PPO loop steps them: HostEnvs' processing, with the
+    statistics and every result on the device, so that a step makes no host sync. The time-limit bootstrap values
+    every world's final observation and keeps the values of the worlds cut short."""
+
+    def __init__(self, envs, gamma: float, device: torch.device, state: dict | None = None):
+        self.envs = envs
+        self.gamma = gamma
+        self.low = torch.as_tensor(envs.single_action_space.low, device=device)
+        self.high = torch.as_tensor(envs.single_action_space.high, device=device)
+        self.obs_dim = envs.single_observation_space.shape[0]
+        self.act_dim = envs.single_action_space.shape[0]
+        self.obs_rms = RunningMeanStd(self.obs_dim, state["obs_rms"] if state else None, device)
+        self.ret_rms = RunningMeanStd((), state["ret_rms"] if state else None, device)
+        self.discounted = torch.zeros(envs.num_envs, dtype=torch.float64, device=device)
+        self.episodes = []  # each step's (global step, done, return, length), on the device until finished()
+
+    def state(self) -> dict:
+        return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
+
+    def reset(self, seed: int) -> torch.Tensor:
+        return self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True).float()
+
+    def step(self, actions: torch.Tensor, value, global_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        next_obs, reward, terminated, truncated, info = self.envs.step(actions.clamp(self.low, self.high))
+        done = terminated | truncated
+        self.discounted = self.discounted * self.gamma + reward
+        self.ret_rms.update(self.discounted)
+        rewards = (reward / (self.ret_rms.var + 1e-8) ** 0.5).clip(-10.0, 10.0).float()
+        next_obs_n = self.obs_rms.normalize(next_obs, True).float()
+        final = self.obs_rms.normalize(info["final_obs"], False).float()
+        rewards += self.gamma * value(final) * (truncated & ~terminated)
+        self.discounted = self.discounted * ~done
+        self.episodes.append((global_step, done, info["episode"]["r"], info["episode"]["l"]))
+        return next_obs_n, rewards, done.float()
+
+    def finished(self) -> list[tuple[int, float, int]]:
+        """(global step, return, length) of the episodes that ended since the last call, in one copy to the host."""
+        if not self.episodes:
+            return []
+        steps, done, returns, lengths = zip(*self.episodes)
+        self.episodes = []
+        t, world = torch.stack(done).nonzero(as_tuple=True)
+        returns = torch.stack(returns)[t, world].tolist()
+        lengths = torch.stack(lengths)[t, world].tolist()
+        return [(steps[i], r, n) for i, r, n in zip(t.tolist(), returns, lengths)]
 
     def close(self) -> None:
         self.envs.close()
@@ -440,7 +504,7 @@ if __name__ == "__main__":
         micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, minibatch_size))
         num_iterations = args.total_timesteps // batch_size
         # a small MLP runs faster on the CPU: one host<->device round trip per env step costs more than the GPU saves
-        small = max(hidden) < 256 and args.preset is None
+        small = max(hidden) < 256 and args.preset is None and args.sim == "cpu"
         why = f"network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
         device, device_why = run_utils.select_device(args, prefer_cpu=why if small else "")
         threads = gpu_utils.thread_budget(args.num_threads)
@@ -478,18 +542,24 @@ if __name__ == "__main__":
             args, "ppo_continuous", run_name, ckpt, device, cpu_share, num_iterations * batch_size, start_step
         )
 
-    # ---------------- env and network: statistics, action clipping and reward scaling are done here, vectorised
-    if args.capture_video and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering
-    fns = [make_env(args.env_id, i, args.capture_video, run_name, args.subproc) for i in range(args.num_envs)]
-    mode = gym.vector.AutoresetMode.SAME_STEP  # the final obs of a truncated episode is bootstrapped with the critic
-    if args.subproc:
-        envs = gym.vector.AsyncVectorEnv(fns, context="forkserver", autoreset_mode=mode, copy=False)
+    # ---------------- env and network: action clipping, normalisation and the time-limit bootstrap in HostEnvs
+    if args.sim == "mjx":  # every env a world of one batch on the device
+        with run_utils.one_line_errors():  # a jaxlib that cannot step MJX on this device, say
+            worlds = mjx_envs.MJXVectorEnv(
+                args.env_id, args.num_envs, seed=args.seed, device=device, impl=args.mjx_impl
+            )
+        envs = DeviceEnvs(worlds, args.gamma, device, ckpt)
     else:
-        envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
-    act_dim = envs.single_action_space.shape[0]
-    envs = HostEnvs(envs, args.gamma, device, ckpt)
+        if args.capture_video and not os.environ.get("DISPLAY"):
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering
+        fns = [make_env(args.env_id, i, args.capture_video, run_name, args.subproc) for i in range(args.num_envs)]
+        mode = gym.vector.AutoresetMode.SAME_STEP  # a truncated episode's final obs is bootstrapped with the critic
+        if args.subproc:
+            envs = gym.vector.AsyncVectorEnv(fns, context="forkserver", autoreset_mode=mode, copy=False)
+        else:
+            envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
+        envs = HostEnvs(envs, args.gamma, device, ckpt)
+    obs_dim, act_dim = envs.obs_dim, envs.act_dim
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
     learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
