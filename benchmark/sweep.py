@@ -175,20 +175,16 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
             table = {row["game"]: row["gae_lambda"] for row in csv.DictReader(f)}
         for game in table if a.all else [g.removeprefix("ALE/").removesuffix("-v5") for g in a.games.split()]:
             lam = [] if has_flag(passthrough, "--gae-lambda") else ["--gae-lambda", table.get(game, "0.95")]
-            label = f"ALE/{game}-v5 lambda={lam[1] if lam else 'as-passed'}"
-            settings.append(
-                (label, f"ALE/{game}-v5", exp or grid, ["ppo_atari.py", "--env-id", f"ALE/{game}-v5", *lam])
-            )
+            args = ["ppo_atari.py", "--env-id", f"ALE/{game}-v5", *lam]
+            settings.append((f"{args[2]} lambda={lam[1] if lam else 'as-passed'}", args[2], exp or grid, args))
     elif grid == "ppo_continuous":
         envs = a.envs.split() + (MUJOCO_MORE.split() if a.all else [])
         for env_id, preset in itertools.product(envs, a.presets.split()):
             if preset not in ("default", "fast", "heavy", "beast"):
                 raise SweepError(f"unknown preset '{preset}' (use default, fast, heavy or beast)")
             name = exp or ("ppo_continuous" if preset == "default" else f"ppo_continuous_{preset}")
-            args = ["ppo_continuous.py", "--env-id", env_id, "--exp-name", name]
-            settings.append(
-                (f"{env_id} {preset}", env_id, name, args + ([] if preset == "default" else ["--preset", preset]))
-            )
+            args = ["ppo_continuous.py", "--env-id", env_id, "--exp-name", name, "--preset", preset]
+            settings.append((f"{env_id} {preset}", env_id, name, args[:-2] if preset == "default" else args))
     else:
         for size, n in itertools.product(a.sizes.split(), a.num_envs.split()):
             m = re.fullmatch(r"(\d+)x(\d+)|(\d+)", size)
@@ -270,17 +266,14 @@ def make_slots(a: argparse.Namespace, passthrough: Sequence[str]) -> tuple[list[
     gpus = slot_gpus(passthrough)
     count = len(gpus) * ((a.jobs or 1) if gpus == [None] else (a.jobs_per_gpu or 1))
     cpus = gpu_utils.allowed_cpus()
-    pin = (
-        shutil.which("taskset") is not None and subprocess.run(["taskset", "-c", str(cpus[0]), "true"]).returncode == 0
-    )
+    taskset = shutil.which("taskset") is not None
+    pin = taskset and subprocess.run(["taskset", "-c", str(cpus[0]), "true"]).returncode == 0
     if os.environ.get("SLURM_JOB_ID"):
         cpus, pin = cpus[: slurm_cpus()], False
-    k = min(a.cpus_per_run or 0, len(cpus))
-    groups = (
-        [[cpus[(s * k + j) % len(cpus)] for j in range(k)] for s in range(count)]
-        if k
-        else gpu_utils.split_cpus(cpus, count)
-    )
+    groups = gpu_utils.split_cpus(cpus, count)
+    if a.cpus_per_run:  # windows of k CPUs, wrapping round
+        k = min(a.cpus_per_run, len(cpus))
+        groups = [[cpus[(s * k + j) % len(cpus)] for j in range(k)] for s in range(count)]
     sizes = "-".join(sorted({str(len(group)) for group in groups}, key=int))
     share = ", sharing cores" if count * max(map(len, groups)) > len(cpus) else ""
     say(f"[sweep] {count} runs at once on CPUs {cpu_ranges(cpus)}: {sizes} each{share}, {'' if pin else 'not '}pinned")
@@ -312,16 +305,8 @@ def start_run(
 
     death_signal = term_with_parent if die_with_parent and sys.platform.startswith("linux") else None
     words = slot_prefix(cpus, pin)[2:] + list(command)
-    return subprocess.Popen(
-        words,
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=death_signal,
-    )
+    files = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
+    return subprocess.Popen(words, cwd=REPO_ROOT, env=env, **files, start_new_session=True, preexec_fn=death_signal)
 
 
 class Stopper:
@@ -354,11 +339,11 @@ def outcome(rc: int, stopping: bool, resumed: str | None) -> tuple[str, str]:
     imports (before its handler exists) kills it with 143 and no new checkpoint: stopped, not failed."""
     rc = 128 - rc if rc < 0 else rc
     if stopping and rc == 0:
-        return "stopped", "with its checkpoint; --resume-existing continues it"
+        return "stopped", "its checkpoint is written; --resume-existing continues it"
     if stopping and rc == SIGTERM_RC:
         then = f"{resumed} is as it was" if resumed else "--resume-existing starts it afresh"
         return "stopped", f"before its first checkpoint; {then}"
-    return ("ok", "") if rc == 0 else ("failed", f"with exit code {rc}")
+    return ("ok", "exit code 0") if rc == 0 else ("failed", f"exit code {rc}")
 
 
 # ---------------------------------------------------------------- local sweeps
@@ -383,7 +368,8 @@ def run_local(
             if slot.proc is not None and slot.proc.poll() is not None:
                 resumed = flag_value(commands[slot.run], "--resume")
                 results[slot.run] = outcome(slot.proc.returncode, stopper.stopping, resumed)
-                say(f"[sweep] {' '.join(results[slot.run])} [run {slot.run}] {runs[slot.run].label}")
+                status, why = results[slot.run]
+                say(f"[sweep] {status} [run {slot.run}] {runs[slot.run].label}: {why}")
                 slot.proc = None
             if slot.proc is None and queue and not stopper.stopping:
                 i = slot.run = queue.pop(0)
@@ -396,12 +382,12 @@ def run_local(
                         stopper.started(slot.proc)
                     except OSError as exc:  # the interpreter (PYTHON) or taskset cannot start
                         log.write(f"error: {exc}\n")
-                        results[i] = ("failed", f"to start: {exc}")
+                        results[i] = ("failed", f"cannot start: {exc}")
         time.sleep(0.2)
     lines = [f"{len(runs)} runs in {time.time() - started:.0f} s"]
     for i, run in enumerate(runs):
         status, why = results.get(i, ("not started", ""))
-        lines += [] if status in ("ok", "skipped") else [f"{status} {why} [run {i}] {run.label}: log {logs[i]}"]
+        lines += [] if status in ("ok", "skipped") else [f"{status} [run {i}] {run.label}: {why}; log {logs[i]}"]
     counts = Counter(results.get(i, ("not started",))[0] for i in range(len(runs)))
     lines.append(", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "stopped", "not started", "skipped", "live")))
     if stopper.stopping:
@@ -514,7 +500,7 @@ def run_task(spec_path: str, index: str) -> int:
     while proc.poll() is None:
         time.sleep(0.2)
     status, why = outcome(proc.returncode, stopper.stopping, flag_value(command, "--resume"))
-    say(f"# {stamp()} {status} {why}")
+    say(f"# {stamp()} {status}: {why}")
     return SIGTERM_RC if status == "stopped" else 128 - proc.returncode if proc.returncode < 0 else proc.returncode
 
 

@@ -52,8 +52,8 @@ RUNS_DIR = os.path.join(sweep.REPO_ROOT, "runs")
 RETURN_TAG = "charts/episodic_return"
 # fields the tuner sets, with what to use instead, and fields that say how a run goes rather than what it learns
 SET_BY_TUNER = {"seed": "--seeds", "env_id": "--envs", "exp_name": "--study-name", "resume": "a rerun of the study"}
-SET_BY_TUNER |= {"session": "--jobs-per-gpu", "gpu": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
-NOT_TUNABLE = {*SET_BY_TUNER, "cuda_offset", "eval_episodes", "track", "wandb_project_name", "wandb_entity"}
+SET_BY_TUNER |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
+NOT_TUNABLE = {*SET_BY_TUNER, "gpu", "cuda_offset", "eval_episodes", "track", "wandb_project_name", "wandb_entity"}
 NOT_TUNABLE |= {"capture_video", "progress_bar", "checkpoint_every", "total_timesteps"}
 HEARTBEAT_S = 60.0  # how often a tuner stamps its running trials (user attribute tune:heartbeat)
 
@@ -125,9 +125,8 @@ def parse_param(spec: str, fields: dict[str, Field], script: str):
     f = find_field(name.strip(), fields, script)
     what, key = f"--param {spec}", f.flag[2:].replace("-", "_")
     if key in NOT_TUNABLE:
-        raise SweepError(
-            f"{what}: {f.flag} is not searched" + (f"; use {SET_BY_TUNER[key]}" if key in SET_BY_TUNER else "")
-        )
+        instead = f"; use {SET_BY_TUNER[key]}" if key in SET_BY_TUNER else ""
+        raise SweepError(f"{what}: {f.flag} is not searched{instead}")
     if "|" in text or ":" not in text:
         choices = [convert(word, f, what) for word in text.split("|" if "|" in text else ",")]
         if len(choices) < 2 or len(set(choices)) != len(choices):
@@ -161,11 +160,11 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
     for name, dist in space.items():
         value = values.get(name)
-        if (
-            value not in dist.choices
-            if hasattr(dist, "choices")
-            else value is None or not dist.low <= value <= dist.high
-        ):
+        if hasattr(dist, "choices"):
+            inside = value in dist.choices
+        else:
+            inside = value is not None and dist.low <= value <= dist.high
+        if not inside:
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values
 
@@ -274,9 +273,7 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
     stored = study.user_attrs.get("tune:config") or config
     for key in [k for k in config or {} if k != "trials" and stored.get(k) != config[k]]:
-        raise SweepError(
-            f"study {name} has {key} {stored[key]!r}, not {config[key]!r}: keep it or use a new --study-name"
-        )
+        raise SweepError(f"study {name} has {key} {stored[key]!r}, not {config[key]!r}; keep it or use a new name")
     config = config or stored
     study.set_user_attr("tune:config", config)
     seed = None if config["sampler_seed"] is None else config["sampler_seed"] + 1000 * worker + len(study.trials)
@@ -451,10 +448,9 @@ class Worker:
         """Start a run on the slot's GPU and ``cpus``; its log starts with its command."""
         command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
         os.makedirs(os.path.dirname(r.log), exist_ok=True)
+        prefix = sweep.slot_prefix(cpus, self.pin)
         with open(r.log, "a") as log:
-            log.write(
-                f"# {sweep.stamp()} trial {trial.number}: {shlex.join(sweep.slot_prefix(cpus, self.pin) + command)}\n"
-            )
+            log.write(f"# {sweep.stamp()} trial {trial.number}: {shlex.join(prefix + command)}\n")
             log.flush()
             r.proc = sweep.start_run(command, cpus, self.pin, log, die_with_parent=True)
         self.stopper.started(r.proc)
@@ -475,12 +471,8 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     counts = f"{len(states)} trials: {counts}, {states.count('FAIL') - again} failed, {again} stopped and queued again"
     best = sorted((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)[:10]
     names = [spec.split("=")[0] for spec in config["params"]]
-    where = [
-        w
-        for k, flag in (("envs", "--env-id"), ("seeds", "--seed"))
-        if len(config[k]) == 1
-        for w in (flag, config[k][0])
-    ]
+    env, seed = (config[k][0] if len(config[k]) == 1 else None for k in ("envs", "seeds"))
+    where = (["--env-id", env] if env else []) + (["--seed", seed] if seed else [])
     table = [f"| rank | trial | value | {' | '.join(names)} | command |", "|---" * (len(names) + 4) + "|"]
     for rank, t in enumerate(best, 1):
         command = shlex.join(["python", config["script"], *where, *value_args(config, t.params)])
@@ -502,12 +494,9 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
             except (ValueError, RuntimeError) as exc:  # importances need two complete trials
                 say(f"no {name}.png: {exc}")
     about = f"`{config['script']}` with `{shlex.join(config['args'])}`, seeds {' '.join(config['seeds'])}; {counts}."
+    text = [f"# Study {study.study_name}", "", about, f"Storage: `{storage}`.", "", *table, "", *figures]
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(
-            "\n".join(
-                [f"# Study {study.study_name}", "", about, f"Storage: `{storage}`.", "", *table, "", *figures, ""]
-            )
-        )
+        f.write("\n".join(text) + "\n")
     say(f"report: {os.path.join(out_dir, 'report.md')}, {len(figures)} plots")
 
 

@@ -361,7 +361,7 @@ def test_local_queue_jobs_per_gpu_pinning_and_failures(tmp_path):
         assert omp == mkl and int(omp) in {len(g) for g in groups}
         assert not PIN or [int(c) for c in re.split("[-,]", cpus)][0] in {g[0] for g in groups}
     summary = (tmp_path / "logs" / "summary.txt").read_text()
-    assert "7 ok, 1 failed" in summary and "failed with exit code 3 [run 3] Snake5x5 n=8 seed=4" in summary
+    assert "7 ok, 1 failed" in summary and "failed [run 3] Snake5x5 n=8 seed=4: exit code 3; log " in summary
     failed_log = (tmp_path / "logs" / "003_Snake5x5_n=8_seed=4.log").read_text()
     assert failed_log.startswith("# ") and "boom" in failed_log and "MKL_NUM_THREADS=" in failed_log.splitlines()[0]
 
@@ -394,7 +394,7 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
         proc.kill()
     summary = (repo / "logs" / "summary.txt").read_text()
     assert proc.returncode == 130 and "0 ok, 0 failed, 1 stopped, 0 not started, 1 skipped" in summary, out
-    assert "stopped with its checkpoint" in summary and "--resume-existing continues" in summary
+    assert "its checkpoint is written" in summary and "--resume-existing continues" in summary
     (run_dir,) = repo.glob("runs/Snake5x5__dqn_snake_vec_n8__2__*")
     stopped = run_utils.read_checkpoint(run_dir / "checkpoint.pt")
     assert stopped["status"] == "stopped" and 0 < stopped["global_step"] < 800
@@ -427,7 +427,7 @@ def test_a_stop_while_a_run_starts_is_not_a_failure(tmp_path):
         proc.kill()
     summary = (tmp_path / "summary.txt").read_text()
     assert proc.returncode == 130 and "0 ok, 0 failed, 1 stopped" in summary, out
-    assert "stopped before its first checkpoint; --resume-existing starts it afresh" in summary
+    assert ": before its first checkpoint; --resume-existing starts it afresh" in summary
 
 
 # ---------------------------------------------------------------- SLURM: the job array's script, run here
@@ -561,9 +561,8 @@ def test_slurm_task_script_without_slurm(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert fake_log.read_text().endswith("got TERM\ncheckpoint written\n")
     log = (logs / "002_Snake5x5_n=8_seed=3.log").read_text()
-    assert "threads: 1 1" in fake_log.read_text() and log.rstrip().endswith(
-        "stopped with its checkpoint; --resume-existing continues it"
-    )
+    assert "threads: 1 1" in fake_log.read_text()
+    assert log.rstrip().endswith("stopped: its checkpoint is written; --resume-existing continues it"), log
     proc = task("2", wait=True, FAKE_STARTING="1")
     try:
         wait_for(lambda: "starting" in fake_log.read_text(), 60, "the stand-in run to start")
@@ -573,7 +572,7 @@ def test_slurm_task_script_without_slurm(tmp_path):
         with contextlib.suppress(ProcessLookupError):  # the task ended, with its run
             os.killpg(proc.pid, signal.SIGKILL)
     last = (logs / "002_Snake5x5_n=8_seed=3.log").read_text().rstrip().splitlines()[-1]
-    assert last.endswith("stopped before its first checkpoint; --resume-existing starts it afresh"), last
+    assert last.endswith("stopped: before its first checkpoint; --resume-existing starts it afresh"), last
 
 
 def test_a_killed_engines_runs_get_sigterm(tmp_path):
