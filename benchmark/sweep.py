@@ -18,7 +18,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -353,14 +352,26 @@ def log_name(i: int, label: str) -> str:
     return f"{i:03d}_{re.sub(r'[^A-Za-z0-9._=-]', '_', label)}.log"
 
 
+def plan(runs: list[Run], python: str, tail: list[str], resume_existing: bool) -> tuple[list[list[str]], dict]:
+    """Each run's command (under --resume-existing with --resume from its checkpoint, a path from the repo root, where
+    the runs start), and (skipped, live or failed; why) of each run not to start."""
+    commands, results = [], {}
+    for i, run in enumerate(runs):
+        d = decide_resume(os.path.join(REPO_ROOT, "runs"), run.run_id) if resume_existing else None
+        resume = ["--resume", os.path.relpath(d.checkpoint, REPO_ROOT)] if d and d.action == "resume" else []
+        commands.append([python, *run.args, *tail, *resume])
+        if d and d.action != "fresh":
+            say(f"[sweep] {d.action} [run {i}] {run.label}: {d.note.replace(REPO_ROOT + os.sep, '')}")
+        if d and d.action in ("skip", "live", "error"):
+            results[i] = ({"skip": "skipped", "live": "live", "error": "failed"}[d.action], d.note)
+    return commands, results
+
+
 def run_local(
-    runs: list[Run], commands: list[list[str]], slots: list[Slot], pin: bool, log_dir: str, results: dict
+    runs: list[Run], commands: list, slots: list[Slot], pin: bool, logs: list, results: dict, summary=""
 ) -> int:
-    """Run the queue in the slots, each freed slot taking the next run. Writes LOG_DIR/NNN_<label>.log per run and
-    LOG_DIR/summary.txt; returns 0, 1 (a run failed) or 130 (stopped by a signal)."""
-    os.makedirs(log_dir, exist_ok=True)
-    say(f"[sweep] logs in {log_dir}")
-    logs = [os.path.join(log_dir, log_name(i, run.label)) for i, run in enumerate(runs)]
+    """Run the queue in the slots, each freed slot taking the next run, each run's output appended to its log; the
+    summary (also to the file ``summary``); 0, 1 (a run failed) or 130 (stopped by a signal)."""
     queue = [i for i in range(len(runs)) if i not in results]
     stopper, started = Stopper(), time.time()
     while queue and not stopper.stopping or any(s.proc for s in slots):
@@ -374,7 +385,7 @@ def run_local(
             if slot.proc is None and queue and not stopper.stopping:
                 i = slot.run = queue.pop(0)
                 say(f"[sweep] start [run {i}] {slot.device} cpus {cpu_ranges(slot.cpus)}: {runs[i].label}")
-                with open(logs[i], "w") as log:
+                with open(logs[i], "a") as log:
                     log.write(f"# {stamp()}: {shlex.join(slot_prefix(slot.cpus, pin) + slot.command(commands[i]))}\n")
                     log.flush()
                     try:
@@ -392,9 +403,10 @@ def run_local(
     lines.append(", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "stopped", "not started", "skipped", "live")))
     if stopper.stopping:
         lines.append("stopped: the same command with --resume-existing continues the stopped runs and starts the rest")
-    with open(os.path.join(log_dir, "summary.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
     say("\n".join(f"[sweep] {line}" for line in lines))
+    if summary:
+        with open(summary, "w") as f:
+            f.write("\n".join(lines) + "\n")
     return 130 if stopper.stopping else 1 if counts["failed"] else 0
 
 
@@ -445,8 +457,8 @@ def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: ar
     if not a.gpus_per_run and not any(w.startswith(("--gres", "--gpus")) for w in a.sbatch_args):
         say("[sweep] note: no --gpus-per-run: the runs get a GPU only where the partition gives one by default")
     spec_path = os.path.join(log_dir, f"{grid}.json")
-    entries = [{"run_id": r.run_id, "args": [*r.args, *tail], "log": log_name(i, r.label)} for i, r in enumerate(runs)]
-    spec = {"repo": REPO_ROOT, "python": python, "log_dir": log_dir, "resume_existing": a.resume_existing}
+    entries = [{**r._asdict(), "args": [*r.args, *tail], "log": log_name(i, r.label)} for i, r in enumerate(runs)]
+    spec = {"python": python, "log_dir": log_dir, "resume_existing": a.resume_existing}
     task = f'benchmark/sweep.py task {shlex.quote(spec_path)} "${{SLURM_ARRAY_TASK_ID:-}}"'
     lines = sbatch_header(grid, len(runs), log_dir, a)
     lines += [f"# task i runs run i of {spec_path}; RESUME_EXISTING=1 sbatch THIS_FILE continues a stopped sweep"]
@@ -473,35 +485,20 @@ def slurm_cpus() -> int:
 
 
 def run_task(spec_path: str, index: str) -> int:
-    """SLURM array task ``index``: its run's --resume-existing decision, threads, SIGTERM passed on, exit code."""
+    """SLURM array task ``index``: its run as a sweep of one run, on the CPUs SLURM gave the task and the GPU it gave
+    (no --gpu); the --resume-existing decision is taken now (RESUME_EXISTING=1 asks for it too)."""
+    import gpu_utils
+
     with open(spec_path) as f:
         spec = json.load(f)
     if not index.isdigit() or int(index) >= len(spec["runs"]):
         raise SweepError(f"task '{index}' is not one of 0-{len(spec['runs']) - 1}: submit the script with sbatch")
-    run = spec["runs"][int(index)]
-    log = open(os.path.join(spec["log_dir"], run["log"]), "a")
-    os.dup2(log.fileno(), 1)  # from here on, the task's output (and its run's) is the run's log
-    os.dup2(log.fileno(), 2)
-    os.chdir(spec["repo"])
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = cpus = str(slurm_cpus())
-    job = f"{os.environ.get('SLURM_ARRAY_JOB_ID')}_{index} (job {os.environ.get('SLURM_JOB_ID')})"
-    say(f"# {stamp()} slurm job {job} on {socket.gethostname()}: {cpus} CPUs, OMP_NUM_THREADS=MKL_NUM_THREADS={cpus}")
-    command = [spec["python"], *run["args"]]
-    if os.environ.get("RESUME_EXISTING", str(int(spec["resume_existing"]))) == "1":
-        d = decide_resume("runs", run["run_id"])
-        say(f"[sweep] {d.action}: {d.note}")
-        if d.action in ("skip", "live", "error"):
-            return 2 if d.action == "error" else 0
-        command += ["--resume", d.checkpoint] if d.action == "resume" else []
-    say(f"# {stamp()} {shlex.join(command)}")
-    stopper = Stopper()
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-    stopper.started(proc)
-    while proc.poll() is None:
-        time.sleep(0.2)
-    status, why = outcome(proc.returncode, stopper.stopping, flag_value(command, "--resume"))
-    say(f"# {stamp()} {status}: {why}")
-    return SIGTERM_RC if status == "stopped" else 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+    entry = spec["runs"][int(index)]
+    run = Run(entry["label"], entry["run_id"], tuple(entry["args"]))
+    resume = spec["resume_existing"] or os.environ.get("RESUME_EXISTING") == "1"
+    commands, results = plan([run], spec["python"], [], resume)
+    slot = Slot(None, gpu_utils.allowed_cpus()[: slurm_cpus()])
+    return run_local([run], commands, [slot], False, [os.path.join(spec["log_dir"], entry["log"])], results)
 
 
 # ---------------------------------------------------------------- command line
@@ -610,18 +607,12 @@ def sweep_main(grid: str, argv: list[str]) -> int:
         return submit_sweep(grid, runs, python, tail, a, log_dir)
     slots, pin = make_slots(a, tail)
     say(f"[sweep] {grid}: {len(runs)} runs from {REPO_ROOT} on {', '.join(sorted({s.device for s in slots}))}")
-    results: dict[int, tuple[str, str]] = {}  # (skipped, live or failed; why) of the runs not to start
-    commands = []
-    for i, run in enumerate(runs):
-        d = decide_resume(os.path.join(REPO_ROOT, "runs"), run.run_id) if a.resume_existing else None
-        resume = ["--resume", os.path.relpath(d.checkpoint, REPO_ROOT)] if d and d.action == "resume" else []
-        commands.append([python, *run.args, *tail, *resume])
-        if d and d.action != "fresh":
-            say(f"[sweep] {d.action} [run {i}] {run.label}: {d.note.replace(REPO_ROOT + os.sep, '')}")
-        if d and d.action in ("skip", "live", "error"):
-            results[i] = ({"skip": "skipped", "live": "live", "error": "failed"}[d.action], d.note)
+    commands, results = plan(runs, python, tail, a.resume_existing)
     if not a.dry_run:
-        return run_local(runs, commands, slots, pin, log_dir, results)
+        os.makedirs(log_dir, exist_ok=True)
+        say(f"[sweep] logs in {log_dir}")
+        logs = [os.path.join(log_dir, log_name(i, run.label)) for i, run in enumerate(runs)]
+        return run_local(runs, commands, slots, pin, logs, results, os.path.join(log_dir, "summary.txt"))
     for k, i in enumerate([i for i in range(len(runs)) if i not in results]):
         slot = slots[k % len(slots)]  # as if the runs ended in the order they started
         say(f"[run {i}] {slot.device}: {shlex.join(slot_prefix(slot.cpus, pin) + slot.command(commands[i]))}")

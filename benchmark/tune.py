@@ -1,16 +1,10 @@
-"""Hyperparameter studies on Optuna (docs/tuning.md). Optuna runs the trials, one thread per slot of the sweep engine;
-a trial runs the script once per env and seed, together on its slot's GPU and CPUs. The tasks of a SLURM job array
-attach to one study in a shared storage.
+"""Hyperparameter studies on Optuna (docs/tuning.md): a thread per slot of the sweep engine runs trials, each trial
+its script once per env and seed; the tasks of a SLURM job array attach to one study in a shared storage.
 
     python benchmark/tune.py ppo_continuous.py --study-name hopper --envs Hopper-v5 --trials 16 --jobs 2 \\
         --param gae-lambda=0.8:0.99 --param learning-rate=1e-4:1e-3:log -- --total-timesteps 200000
     python benchmark/tune.py attach --study-name hopper      # one more worker on the study (each SLURM task)
     python benchmark/tune.py report --study-name hopper      # best trials, importances, history
-
-A trial's value is the mean return of each run's last --last-episodes episodes (report.read_event_file reads them),
-normalised per env by its reference score when there are several, averaged over its runs; the same on the returns
-so far goes to the pruner at --reports steps, and a pruned trial's runs get SIGTERM. A trial in flight when its tuner
-stops, or left RUNNING by a tuner that died, is marked FAIL and queued again to continue its runs.
 """
 
 from __future__ import annotations
@@ -205,7 +199,7 @@ class TrialRun:
         the step the next one resumed from was done again, and is dropped."""
         found = sorted(glob.glob(os.path.join(RUNS_DIR, self.pattern)))
         self.run_dir = self.run_dir or (found[-1] if found else None)
-        files = sorted(glob.glob(os.path.join(self.run_dir or "", "events.out.tfevents.*")))
+        files = sorted(glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*"))) if self.run_dir else []
         if tuple(map(os.path.getsize, files)) == self.sizes:
             return
         self.sizes = tuple(map(os.path.getsize, files))
@@ -398,8 +392,14 @@ class Worker:
         """Start the runs in ``slot``; report the trial's value at each report step they all passed; SIGTERM them when
         it is pruned or one fails. Why the trial ended early, or ""."""
         for r, cpus in zip(runs, gpu_utils.split_cpus(slot.cpus, len(runs))):
-            if not r.outcome and not self.stopper.stopping:
-                self.start(trial, r, slot, cpus)
+            if not r.outcome and not self.stopper.stopping:  # on the slot's GPU, and CPUs of its own
+                command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
+                os.makedirs(os.path.dirname(r.log), exist_ok=True)
+                with open(r.log, "a") as log:
+                    log.write(f"# {sweep.stamp()}: {shlex.join(sweep.slot_prefix(cpus, self.pin) + command)}\n")
+                    log.flush()
+                    r.proc = sweep.start_run(command, cpus, self.pin, log, die_with_parent=True)
+                self.stopper.started(r.proc)
         end, reported, beat = "", set(), time.time()
         while any(r.proc is not None and not r.outcome for r in runs):
             for r in [r for r in runs if r.proc is not None and not r.outcome]:
@@ -443,17 +443,6 @@ class Worker:
                     runs[-1].outcome = "finished" if d.action == "skip" else ""
                     runs[-1].resume = d.checkpoint if d.action == "resume" else None
         return runs
-
-    def start(self, trial, r: TrialRun, slot: sweep.Slot, cpus: list[int]) -> None:
-        """Start a run on the slot's GPU and ``cpus``; its log starts with its command."""
-        command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
-        os.makedirs(os.path.dirname(r.log), exist_ok=True)
-        prefix = sweep.slot_prefix(cpus, self.pin)
-        with open(r.log, "a") as log:
-            log.write(f"# {sweep.stamp()} trial {trial.number}: {shlex.join(prefix + command)}\n")
-            log.flush()
-            r.proc = sweep.start_run(command, cpus, self.pin, log, die_with_parent=True)
-        self.stopper.started(r.proc)
 
 
 # ---------------------------------------------------------------- the report
@@ -580,9 +569,11 @@ def new_study(a: argparse.Namespace, passthrough: list[str], storage: str, log_d
         for values in enqueued:
             load_study(storage_obj, a.study_name, config)[0].enqueue_trial(values)
     study, config = load_study(storage_obj, a.study_name, config)
-    if a.slurm and sweep.submit(script + "\n", os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False):
-        return say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
-    return study, config
+    if not a.slurm:
+        return study, config
+    sweep.submit(script + "\n", os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
+    say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -595,8 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SweepError(f"--study-name '{a.study_name}': use letters, digits, '.', '-' and single '_'")
         log_dir = os.path.abspath(a.log_dir or os.path.join(RUNS_DIR, "tune", a.study_name))
         storage = a.storage or os.path.join(log_dir, "study.journal")
-        if "://" not in storage:
-            storage = os.path.abspath(storage)
+        storage = re.sub(r"^sqlite:///(?=[^/])", f"sqlite:///{os.getcwd()}/", storage)  # absolute, for SLURM tasks
+        storage = storage if "://" in storage else os.path.abspath(storage)
         if a.script not in ("attach", "report"):
             started = new_study(a, argv[cut + 1 :], storage, log_dir)
             if started is None:  # the SLURM array

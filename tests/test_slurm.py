@@ -128,6 +128,11 @@ def wait_job(env, job, timeout):
     return tasks
 
 
+def slurm_out(log_dir, task):
+    """What the tasks numbered ``task`` of the sweeps logging to ``log_dir`` printed (SLURM's output files)."""
+    return "".join(path.read_text() for path in sorted(log_dir.glob(f"slurm/*_{task}.out")))
+
+
 def run_dirs(repo, run_id):
     return sorted((repo / "runs").glob(f"{run_id}__*"))
 
@@ -186,10 +191,10 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
         assert list(run_dir.glob("events.out.tfevents.*")), run_dir
         ckpt = checkpoint(run_dir)
         assert ckpt["status"] == "finished" and ckpt["global_step"] == steps
-        text = (repo / "logs" / log).read_text()
-        assert re.search(r"slurm job \d+_\d \(job \d+\) on .*: 1 CPUs, OMP_NUM_THREADS=MKL_NUM_THREADS=1", text)
-        command = next(line for line in text.splitlines() if line.startswith("# ") and ".py " in line)
-        assert "ok: exit code 0" in text and "--gpu" not in command  # SLURM gives the task its GPU
+        command = (repo / "logs" / log).read_text().splitlines()[0]  # the run's log starts with its command
+        assert "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 " in command and "--gpu" not in command  # SLURM's CPUs and GPU
+        task = slurm_out(repo / "logs" / log.split("/")[0], int(log.split("/")[1][:3]))
+        assert "[sweep] ok [run 0]" in task and "1 ok, 0 failed" in task, task
     assert (repo / "logs" / "atari" / "ppo_atari.sbatch").exists()
     # what sbatch refuses comes back as one error line naming sbatch's reason
     res = sweep(repo, cluster, "dqn_snake.sh", "--seeds", "1", "--partition", "nosuch", "--log-dir", "logs/bad")
@@ -252,9 +257,8 @@ def test_scancel_then_resume_existing(cluster, repo):
     subprocess.run(["scancel", job], env=cluster, check=True)
     tasks = wait_job(cluster, job, 180)
     assert tasks[0] == ("COMPLETED", "0:0") and tasks[1][0] == "CANCELLED" and tasks[2][0] == "CANCELLED", tasks
-    assert "[sweep] skip: finished at step 800 of 800" in (logs / "000_Snake5x5_n=8_seed=1.log").read_text()
-    text = log1.read_text()
-    assert "stopping on SIGTERM" in text and "stopped: its checkpoint is written" in text, text
+    assert "[sweep] skip [run 0] Snake5x5 n=8 seed=1: finished at step 800 of 800" in slurm_out(logs, 0)
+    assert "stopping on SIGTERM" in log1.read_text() and "its checkpoint is written" in slurm_out(logs, 1)
     (run_dir,) = run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__2")
     stopped = checkpoint(run_dir)
     assert stopped["status"] == "stopped" and 0 < stopped["global_step"] < 800
@@ -263,16 +267,17 @@ def test_scancel_then_resume_existing(cluster, repo):
 
     job = submit(repo, cluster, "dqn_snake.sh", *args)  # the same sweep again
     assert wait_job(cluster, job, 400) == {i: ("COMPLETED", "0:0") for i in range(3)}
-    assert (logs / "000_Snake5x5_n=8_seed=1.log").read_text().count("[sweep] skip: finished") == 2
+    assert slurm_out(logs, 0).count("[sweep] skip [run 0] Snake5x5 n=8 seed=1: finished") == 2
     assert run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__1") == [done_dir]
     assert run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__2") == [run_dir]  # continued in its run dir
+    assert f"[sweep] resume [run 0] Snake5x5 n=8 seed=2: stopped at step {stopped['global_step']:,} of 800" in (
+        slurm_out(logs, 1)
+    )
     text = log1.read_text()
-    assert f"[sweep] resume: stopped at step {stopped['global_step']:,} of 800" in text
     assert re.search(rf"resumed \S*{run_dir.name}\S* at step {stopped['global_step']}\b", text), text
     final = checkpoint(run_dir)
     assert final["status"] == "finished" and final["global_step"] == 800
     (new_dir,) = run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__3")
-    assert "[sweep] fresh: no earlier run with a checkpoint" in (logs / "002_Snake5x5_n=8_seed=3.log").read_text()
     assert checkpoint(new_dir)["status"] == "finished"
 
 

@@ -482,6 +482,7 @@ def test_slurm_dry_run_script(engine):
 TASK_RUN = """# a run in a SLURM task: records its arguments and threads; FAKE_WAIT: trains until SIGTERM
 echo "args: $* threads: $OMP_NUM_THREADS $MKL_NUM_THREADS" >> "$FAKE_LOG"
 if [[ -n ${FAKE_STARTING:-} ]]; then  # still importing: no SIGTERM handler yet
+  echo "waiting" >> "$FAKE_LOG"
   echo "starting" >> "$FAKE_LOG"
   exec sleep 60
 fi
@@ -525,54 +526,47 @@ def test_slurm_task_script_without_slurm(tmp_path):
     assert json.loads((logs / "dqn_snake.json").read_text())["python"] == str(fake)
 
     def task(i, wait=False, **env):
-        full = sweep_env(
-            FAKE_LOG=str(fake_log), SLURM_ARRAY_JOB_ID="77", SLURM_JOB_ID=f"10{i}", SLURM_ARRAY_TASK_ID=i, **env
-        )
+        """Run task ``i`` as slurmd would; its output (SLURM's .out file) is the process's stdout."""
+        full = sweep_env(FAKE_LOG=str(fake_log), SLURM_JOB_ID="101", SLURM_ARRAY_TASK_ID=i, **env)
         if wait:
+            full["FAKE_WAIT"] = "1"
             return subprocess.Popen(
-                ["bash", script], env={**full, "FAKE_WAIT": "1"}, cwd=tmp_path, start_new_session=True
+                ["bash", script], env=full, stdout=subprocess.PIPE, text=True, start_new_session=True
             )
-        return subprocess.run(["bash", script], env=full, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        return subprocess.run(["bash", script], env=full, capture_output=True, text=True, timeout=120)
 
     res = task("", SLURM_CPUS_PER_TASK="3")
     assert res.returncode == 2 and "submit the script with sbatch" in res.stderr
     fake_checkpoint(repo, "Snake5x5__dqn_snake_vec_n8__1", "finished", 500, 500)
     stopped = fake_checkpoint(repo, "Snake5x5__dqn_snake_vec_n8__2", "stopped", 200, 500)
-    assert task("0", RESUME_EXISTING="1").returncode == 0 and not fake_log.exists()  # finished: nothing ran
-    assert "[sweep] skip: finished at step 500 of 500" in (logs / "000_Snake5x5_n=8_seed=1.log").read_text()
-    assert task("1", RESUME_EXISTING="1", SLURM_JOB_CPUS_PER_NODE="2(x1)").returncode == 0
+    res = task("0", RESUME_EXISTING="1")
+    assert res.returncode == 0 and not fake_log.exists()  # finished: nothing ran
+    assert "[sweep] skip [run 0] Snake5x5 n=8 seed=1: finished at step 500 of 500" in res.stdout
+    res = task("1", RESUME_EXISTING="1", SLURM_JOB_CPUS_PER_NODE="2(x1)")
+    assert res.returncode == 0 and "[sweep] resume [run 0] Snake5x5 n=8 seed=2: stopped at step 200" in res.stdout
     assert fake_log.read_text() == (
         "args: dqn_snake_vec.py --height 5 --width 5 --num-envs 8 --exp-name dqn_snake_vec_n8 --seed 2 "
         f"--total-timesteps 500 --resume runs/{stopped.name}/checkpoint.pt threads: 2 2\n"
     )
-    log = (logs / "001_Snake5x5_n=8_seed=2.log").read_text()
-    assert "slurm job 77_1 (job 101) on " in log and "[sweep] resume: stopped at step 200 of 500" in log
+    log = (logs / "001_Snake5x5_n=8_seed=2.log").read_text()  # in the repo root: paths are relative to it
+    assert log.startswith("# ") and "OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 " + str(fake) in log.splitlines()[0]
 
     # SIGTERM to the batch shell only (as `scancel --batch` and the time limit's warning send it): passed on to the
     # run, which checkpoints, and waited for; then a SIGTERM that comes while the run still starts
     fake_log.unlink()
-    proc = task("2", wait=True, SLURM_CPUS_PER_TASK="1")
-    try:
-        wait_for(lambda: fake_log.exists() and "waiting" in fake_log.read_text(), 60, "the stand-in run")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the task ended, with its run
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert fake_log.read_text().endswith("got TERM\ncheckpoint written\n")
-    log = (logs / "002_Snake5x5_n=8_seed=3.log").read_text()
-    assert "threads: 1 1" in fake_log.read_text()
-    assert log.rstrip().endswith("stopped: its checkpoint is written; --resume-existing continues it"), log
-    proc = task("2", wait=True, FAKE_STARTING="1")
-    try:
-        wait_for(lambda: "starting" in fake_log.read_text(), 60, "the stand-in run to start")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the task ended, with its run
-            os.killpg(proc.pid, signal.SIGKILL)
-    last = (logs / "002_Snake5x5_n=8_seed=3.log").read_text().rstrip().splitlines()[-1]
-    assert last.endswith("stopped: before its first checkpoint; --resume-existing starts it afresh"), last
+    for env, ends in [({}, "got TERM\ncheckpoint written\n"), ({"FAKE_STARTING": "1"}, "starting\n")]:
+        proc = task("2", wait=True, SLURM_CPUS_PER_TASK="1", **env)
+        try:
+            wait_for(lambda: fake_log.exists() and "waiting" in fake_log.read_text(), 60, "the stand-in run")
+            proc.send_signal(signal.SIGTERM)
+            out = proc.communicate(timeout=60)[0]
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the task ended, with its run
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130 and fake_log.read_text().endswith(ends), out
+        assert "0 ok, 0 failed, 1 stopped" in out and "threads: 1 1" in fake_log.read_text()
+        assert ("before its first checkpoint" in out) == bool(env), out
+        fake_log.unlink()
 
 
 def test_a_killed_engines_runs_get_sigterm(tmp_path):
