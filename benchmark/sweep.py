@@ -38,7 +38,8 @@ MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedP
 MUJOCO_MORE = "Swimmer-v5 Reacher-v5 Pusher-v5 InvertedDoublePendulum-v5 HumanoidStandup-v5"
 LISTS = ("--games", "--envs", "--presets", "--sizes", "--num-envs", "--seeds")  # white space separates items
 # flags after -- that the sweep sets itself, and what to use instead
-SET_BY_SWEEP = {"--seed": "--seeds", "--resume": "--resume-existing", "--session": "CUDA_OFFSET"}
+SET_BY_SWEEP = {"--seed": "--seeds", "--resume": "--resume-existing", "--session": "slots"}
+SET_BY_SWEEP["--cuda-offset"] = "CUDA_OFFSET"
 GRID_FLAGS = {
     "ppo_atari": {"--env-id": "--games"},
     "ppo_continuous": {"--env-id": "--envs", "--preset": "--presets"},
@@ -144,10 +145,6 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
     return value
 
 
-def has_flag(args: Sequence[str], flag: str) -> bool:
-    return any(word == flag or word.startswith(flag + "=") for word in args)
-
-
 def parse_seeds(text: str) -> list[str]:
     for seed in [s for s in text.split() if not re.fullmatch(r"-?\d+", s)]:
         raise SweepError(f"seed '{seed}' is not an integer; use --seeds \"1 2 3\"")
@@ -173,7 +170,8 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
         with open(os.path.join(REPO_ROOT, "benchmark", "atari_lambdas.csv"), newline="") as f:
             table = {row["game"]: row["gae_lambda"] for row in csv.DictReader(f)}
         for game in table if a.all else [g.removeprefix("ALE/").removesuffix("-v5") for g in a.games.split()]:
-            lam = [] if has_flag(passthrough, "--gae-lambda") else ["--gae-lambda", table.get(game, "0.95")]
+            given = flag_value(passthrough, "--gae-lambda") is not None
+            lam = [] if given else ["--gae-lambda", table.get(game, "0.95")]
             args = ["ppo_atari.py", "--env-id", f"ALE/{game}-v5", *lam]
             settings.append((f"{args[2]} lambda={lam[1] if lam else 'as-passed'}", args[2], exp or grid, args))
     elif grid == "ppo_continuous":
@@ -591,7 +589,7 @@ def sweep_main(grid: str, argv: list[str]) -> int:
     check_words(argv)
     check_words(tail, " after --")
     for flag, instead in {**SET_BY_SWEEP, **GRID_FLAGS[grid]}.items():
-        if has_flag(tail, flag):
+        if flag_value(tail, flag) is not None:
             raise SweepError(f"{flag} after -- is set by the sweep; use {instead}")
     runs = grid_runs(grid, a, tail)
     if not runs:

@@ -551,31 +551,6 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     return config, [parse_enqueue(text, space, fields, a.script) for text in a.enqueue]
 
 
-def new_study(a: argparse.Namespace, passthrough: list[str], storage: str, log_dir: str):
-    """Create the study (its --enqueue'd trials first) or continue it; with --slurm, submit its workers."""
-    sweep.check_modes(a)
-    config, enqueued = make_config(a, passthrough)
-    attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name, "--storage"]
-    attach += [storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
-    lines = sweep.sbatch_header(f"tune-{a.study_name}", a.workers, log_dir, a) if a.slurm else []
-    script = "\n".join([*lines, "set -u", f"cd {shlex.quote(sweep.REPO_ROOT)} || exit 2", f"exec {shlex.join(attach)}"])
-    if a.slurm and a.dry_run:
-        return sweep.submit(script + "\n", os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
-    storage_obj = open_storage(storage)
-    if a.study_name not in optuna.get_all_study_names(storage_obj):
-        earlier = glob.glob(os.path.join(RUNS_DIR, f"*__{a.study_name}_t[0-9]*__*"))
-        if earlier:
-            raise SweepError(f"runs/ holds runs of an earlier study {a.study_name} ({earlier[0]}): use a new name")
-        for values in enqueued:
-            load_study(storage_obj, a.study_name, config)[0].enqueue_trial(values)
-    study, config = load_study(storage_obj, a.study_name, config)
-    if not a.slurm:
-        return study, config
-    sweep.submit(script + "\n", os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
-    say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -588,18 +563,34 @@ def main(argv: list[str] | None = None) -> int:
         storage = a.storage or os.path.join(log_dir, "study.journal")
         storage = re.sub(r"^sqlite:///(?=[^/])", f"sqlite:///{os.getcwd()}/", storage)  # absolute, for SLURM tasks
         storage = storage if "://" in storage else os.path.abspath(storage)
-        if a.script not in ("attach", "report"):
-            started = new_study(a, argv[cut + 1 :], storage, log_dir)
-            if started is None:  # the SLURM array
-                return 0
-            study, config = started
-        elif "://" not in storage and not os.path.isfile(storage):
+        config = enqueued = None
+        if a.script in ("attach", "report") and "://" not in storage and not os.path.isfile(storage):
             raise SweepError(f"no study journal {storage}; give the --storage the study was started with")
-        else:
-            worker = int(os.environ.get("SLURM_ARRAY_TASK_ID") or 0)
-            study, config = load_study(open_storage(storage), a.study_name, None, worker)
+        if a.script not in ("attach", "report"):
+            sweep.check_modes(a)
+            config, enqueued = make_config(a, argv[cut + 1 :])
+        if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
+            attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
+            attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
+            lines = sweep.sbatch_header(f"tune-{a.study_name}", a.workers, log_dir, a)
+            lines += ["set -u", f"cd {shlex.quote(sweep.REPO_ROOT)} || exit 2", f"exec {shlex.join(attach)}", ""]
+        if a.slurm and a.dry_run:
+            sweep.submit("\n".join(lines), os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
+            return 0
+        storage_obj = open_storage(storage)
+        if enqueued is not None and a.study_name not in optuna.get_all_study_names(storage_obj):
+            earlier = glob.glob(os.path.join(RUNS_DIR, f"*__{a.study_name}_t[0-9]*__*"))
+            if earlier:
+                raise SweepError(f"runs/ holds runs of an earlier study {a.study_name} ({earlier[0]}): use a new name")
+            for values in enqueued:  # run first
+                load_study(storage_obj, a.study_name, config)[0].enqueue_trial(values)
+        study, config = load_study(storage_obj, a.study_name, config, int(os.environ.get("SLURM_ARRAY_TASK_ID") or 0))
         if a.script == "report":
             write_report(study, config, storage, os.path.abspath(a.out or log_dir))
+            return 0
+        if a.slurm:
+            sweep.submit("\n".join(lines), os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
+            say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
             return 0
         say(f"study {a.study_name} in {storage}: {config['trials']} trials of {config['script']}; logs in {log_dir}")
         if Worker(study, config, a, log_dir).run():

@@ -51,9 +51,8 @@ def pid_alive(pid):
 
 
 # variables of the shell running pytest that must not reach the cluster or the sweeps (OMP_NUM_THREADS would make
-# `nproc` and the runs see fewer CPUs; the sweep variables would change the sweeps)
-NOT_PASSED = ("CUDA_OFFSET", "CUDA_VISIBLE_DEVICES", "JOBS", "JOBS_PER_GPU", "SWEEP_CPUS", "CPUS_PER_RUN", "LOG_DIR")
-NOT_PASSED += ("SEEDS", "RESUME_EXISTING", "SWEEP_PYTHON")
+# `nproc` and the runs see fewer CPUs; the others would change the sweeps)
+NOT_PASSED = ("CUDA_OFFSET", "CUDA_VISIBLE_DEVICES", "NUM_GPUS", "RESUME_EXISTING", "SWEEP_PYTHON")
 
 
 @pytest.fixture(scope="module")
