@@ -193,7 +193,7 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
             name = exp or f"dqn_snake_vec_n{n}"
             args = ["dqn_snake_vec.py", "--height", h, "--width", w, "--num-envs", n, "--exp-name", name]
             settings.append((f"Snake{h}x{w} n={n}", f"Snake{h}x{w}", name, args))
-    unknown = unknown_env_ids([tag for _, tag, _, _ in settings if grid != "dqn_snake"])
+    unknown = unknown_env_ids([tag for _, tag, _, _ in settings]) if grid != "dqn_snake" else []
     if unknown:
         raise SweepError(f"unknown env id {unknown[0]}; use gymnasium's ids, e.g. ALE/Pong-v5 (game Pong), Hopper-v5")
     seeds = parse_seeds(a.seeds)

@@ -83,7 +83,8 @@ def script_fields(script: str) -> dict[str, Field]:
             default = None
         literal = re.search(r"Literal\[(.*?)\]", annotation)
         choices = tuple(ast.literal_eval(f"({literal[1]},)")) if literal else None
-        kind = "str" if choices else next((k for k in ("bool", "float", "int") if k in annotation), "str")
+        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", annotation)]
+        kind = "str" if choices or not kinds else kinds[0]
         fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), kind, choices, default)
     if not fields:
         raise SweepError(f"{script} has no `class Args`; tune.py tunes scripts whose flags come from one")

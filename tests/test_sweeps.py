@@ -439,6 +439,7 @@ def test_slurm_dry_run_script(engine):
         *("--partition", "gpu", "--time", "1-00:00:00", "--gpus-per-run", "1", "--cpus-per-run", "8", "--mem", "32G"),
         *("--max-parallel", "3", "--account", "rl-lab", "--log-dir", "/tmp/sw"),
         *("--sbatch-args", "--qos=high", "--comment", "two words", "--", "--total-timesteps", "1000"),
+        *("--exp-name", "$(touch pwned)"),  # reaches the runs' JSON file, never the script
     )
     assert rc == 0, err
     script = out[out.index("#!/bin/bash") : out.index("[dry run] nothing was submitted")]
@@ -457,7 +458,8 @@ def test_slurm_dry_run_script(engine):
     assert "run: sbatch --parsable --qos=high --comment 'two words' /tmp/sw/ppo_atari.sbatch" in out
     task = f'exec {sys.executable} benchmark/sweep.py task /tmp/sw/ppo_atari.json "${{SLURM_ARRAY_TASK_ID:-}}"'
     assert script.splitlines()[-3:] == ["set -u", f"cd {ROOT} || exit 2", task]
-    pong = "ppo_atari.py --env-id ALE/Pong-v5 --gae-lambda 0.85 --seed 1 --track --total-timesteps 1000"
+    assert "pwned" not in script and "two words" not in script
+    pong = "ppo_atari.py --env-id ALE/Pong-v5 --gae-lambda 0.85 --seed 1 --track --total-timesteps 1000 --exp-name"
     assert f"[task 0] ALE/Pong-v5 lambda=0.85 seed=1: {pong}" in out
     assert not os.path.exists("/tmp/sw/ppo_atari.json")
     if subprocess.run(["which", "shellcheck"], capture_output=True).returncode == 0:
