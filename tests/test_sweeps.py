@@ -545,13 +545,14 @@ def test_slurm_task_script_without_slurm(tmp_path):
     assert res.returncode == 0 and not fake_log.exists()  # finished: nothing ran
     assert "[sweep] skip [run 0] Snake5x5 n=8 seed=1: finished at step 500 of 500" in res.stdout
     res = task("1", RESUME_EXISTING="1", SLURM_JOB_CPUS_PER_NODE="2(x1)")
+    cpus = min(2, len(os.sched_getaffinity(0)))  # SLURM's 2, within the CPUs this test may use (pytest -n pins)
     assert res.returncode == 0 and "[sweep] resume [run 0] Snake5x5 n=8 seed=2: stopped at step 200" in res.stdout
     assert fake_log.read_text() == (
         "args: dqn_snake_vec.py --height 5 --width 5 --num-envs 8 --exp-name dqn_snake_vec_n8 --seed 2 "
-        f"--total-timesteps 500 --resume runs/{stopped.name}/checkpoint.pt threads: 2 2\n"
+        f"--total-timesteps 500 --resume runs/{stopped.name}/checkpoint.pt threads: {cpus} {cpus}\n"
     )
     log = (logs / "001_Snake5x5_n=8_seed=2.log").read_text()  # in the repo root: paths are relative to it
-    assert log.startswith("# ") and "OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 " + str(fake) in log.splitlines()[0]
+    assert log.startswith("# ") and f"OMP_NUM_THREADS={cpus} MKL_NUM_THREADS={cpus} {fake}" in log.splitlines()[0]
 
     # SIGTERM to the batch shell only (as `scancel --batch` and the time limit's warning send it): passed on to the
     # run, which checkpoints, and waited for; then a SIGTERM that comes while the run still starts
