@@ -7,9 +7,9 @@ are on (the update), never in the no-grad rollout."""
 
 import time
 
-# dqn_snake_vec.py taking env steps only (learning would start after the end): a few seconds, far longer than a
-# SIGTERM takes to arrive (the sweep and SLURM stop-and-resume tests)
-SNAKE_LONGER = "--total-timesteps 40000 --learning-starts 100000000 --buffer-size 20000 --checkpoint-every 100".split()
+# dqn_snake_vec.py on 8 games taking env steps only (learning would start after the end): 100 iterations, a few
+# seconds, with a checkpoint every 10, far longer than a SIGTERM takes to arrive (the sweep and SLURM stop tests)
+SNAKE_LONGER = "--total-timesteps 800 --learning-starts 100000000 --buffer-size 800 --checkpoint-every 10".split()
 
 INJECT = """
 import runpy, sys, torch
