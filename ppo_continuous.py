@@ -542,7 +542,7 @@ if __name__ == "__main__":
             args, "ppo_continuous", run_name, ckpt, device, cpu_share, num_iterations * batch_size, start_step
         )
 
-    # ---------------- env and network: action clipping, normalisation and the time-limit bootstrap in HostEnvs
+    # ---------------- env and network: clipping, normalisation and the time-limit bootstrap in HostEnvs or DeviceEnvs
     if args.sim == "mjx":  # every env a world of one batch on the device
         with run_utils.one_line_errors():  # a jaxlib that cannot step MJX on this device, say
             worlds = mjx_envs.MJXVectorEnv(
