@@ -5,6 +5,12 @@ An out-of-memory GPU on any machine: `python -c INJECT <layer> <limit> <script> 
 __main__ with torch.nn.<layer>.forward raising torch.cuda.OutOfMemoryError on more than <limit> rows while gradients
 are on (the update), never in the no-grad rollout."""
 
+import contextlib
+import io
+import os
+import runpy
+import subprocess
+import sys
 import time
 
 # dqn_snake_vec.py on 8 games taking env steps only (learning would start after the end): 100 iterations, a few
@@ -57,6 +63,35 @@ def wait_for(predicate, timeout, what):
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_in_process(script, args, cwd) -> subprocess.CompletedProcess:
+    """A training script's command line run in this process (as ``__main__``, by runpy) from ``cwd``, its exit status
+    and output returned as a subprocess's: for input it refuses, or a run it finds nothing to do for, before a run
+    starts. A fresh interpreter spends about 2 CPU-seconds importing torch and the rest; this, about 0.05 s. A command
+    line that gets past the checks raises AssertionError instead of training here (its threads, seeds and signal
+    handlers would stay in this process): start that one with subprocess. Each script's own file keeps a case in a
+    fresh interpreter too, where output at import time would show."""
+    import gpu_utils
+
+    def past_the_checks(*args, **kwargs):  # every script's first call once its input is accepted
+        raise AssertionError(f"{script} {' '.join(command[1:])} got past its checks: run it in a subprocess")
+
+    command = [str(script), *map(str, args)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    argv, here, enable_tf32 = sys.argv, os.getcwd(), gpu_utils.enable_tf32
+    sys.argv, gpu_utils.enable_tf32 = command, past_the_checks
+    status = 0
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        sys.argv, gpu_utils.enable_tf32 = argv, enable_tf32
+        os.chdir(here)
+    return subprocess.CompletedProcess(command, status, stdout.getvalue(), stderr.getvalue())
 
 
 def assert_one_line_error(res, *words):

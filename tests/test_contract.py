@@ -1,7 +1,9 @@
 """The contract every script shares (issue #26), one parametrised test per clause over ppo_atari.py, ppo_continuous.py
 and dqn_snake_vec.py: bad input is one `error: ...` line (exit 2, no traceback), `--eval-checkpoint` reads both a
 checkpoint.pt and a --save-model file, and another script's checkpoint is refused by the name of the script that wrote
-it. One tiny CPU run per script (module-scoped) serves every test. Script-specific checks stay in each script's file."""
+it. One tiny CPU run per script (module-scoped) serves every test. A command line that ends before a run starts (bad
+input, nothing to do) runs in this process (helpers.run_in_process), each script's once in a fresh interpreter too.
+Script-specific checks stay in each script's file."""
 
 import glob
 import math
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_one_line_error, at_update_prefix, oom_prefix
+from helpers import assert_one_line_error, at_update_prefix, oom_prefix, run_in_process
 
 import run_utils
 
@@ -43,6 +45,11 @@ def run(script, args, cwd, timeout=240):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def cli(script, args, cwd):
+    """The script's command line in this process: for one that ends before a run starts (helpers.run_in_process)."""
+    return run_in_process(ROOT / f"{script}.py", ["--no-progress-bar", *args], cwd)
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """Each script's run directory after one tiny run with --save-model (computed once per script, on demand)."""
@@ -61,9 +68,17 @@ def finished(tmp_path_factory):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+def test_bad_input_is_one_line_error_in_a_fresh_interpreter(script, tmp_path):
+    """The tests below refuse their input in this process; here a new interpreter does, where a warning printed at
+    import or by a library's C code would reach stderr beside the error line."""
+    assert_one_line_error(run(script, [*TINY[script], "--learning-rate", "-1"], tmp_path), "--learning-rate")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
 def test_missing_file_is_one_line_error(script, flag, tmp_path):
-    assert_one_line_error(run(script, [flag, "missing.pt"], tmp_path), "missing.pt", "does not exist")
+    assert_one_line_error(cli(script, [flag, "missing.pt"], tmp_path), "missing.pt", "does not exist")
     assert not (tmp_path / "runs").exists()
 
 
@@ -71,7 +86,7 @@ def test_missing_file_is_one_line_error(script, flag, tmp_path):
 @pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
 def test_a_file_that_is_no_checkpoint_is_one_line_error(script, flag, tmp_path):
     torch.save({"weights": [1, 2, 3]}, tmp_path / "garbage.pt")
-    assert_one_line_error(run(script, [flag, "garbage.pt"], tmp_path), f"not a {script} checkpoint")
+    assert_one_line_error(cli(script, [flag, "garbage.pt"], tmp_path), f"not a {script} checkpoint")
     assert not (tmp_path / "runs").exists()
 
 
@@ -84,7 +99,7 @@ def test_a_file_that_is_no_checkpoint_is_one_line_error(script, flag, tmp_path):
     ],
 )
 def test_settings_shared_by_every_script_are_checked_the_same_way(script, flag, value, words, tmp_path):
-    assert_one_line_error(run(script, [*TINY[script], flag, value], tmp_path), *words)
+    assert_one_line_error(cli(script, [*TINY[script], flag, value], tmp_path), *words)
     assert not (tmp_path / "runs").exists()
 
 
@@ -104,7 +119,7 @@ def test_eval_saved_model_and_checkpoint(script, finished, tmp_path):
 def test_another_scripts_file_names_the_script_that_wrote_it(reader, writer, file, finished, tmp_path):
     path = finished(writer) / (f"{writer}.model" if file == "model" else file)
     flag = "--resume" if file == "checkpoint.pt" else "--eval-checkpoint"
-    res = run(reader, [flag, path], tmp_path)
+    res = cli(reader, [flag, path], tmp_path)
     assert_one_line_error(res, f"was written by {writer}.py, not {reader}.py")
     assert not (tmp_path / "runs").exists()
 
@@ -247,7 +262,7 @@ def test_resuming_a_finished_run_does_nothing(script, finished, tmp_path):
     run_dir.mkdir(parents=True)
     torch.save(ckpt, run_dir / "checkpoint.pt")
     written = (run_dir / "checkpoint.pt").stat().st_mtime_ns
-    res = run(script, ["--resume", run_dir / "checkpoint.pt"], tmp_path)
+    res = cli(script, ["--resume", run_dir / "checkpoint.pt"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith(f"nothing to do: {run_dir / 'checkpoint.pt'} is a finished run (step "), res.stdout
     assert "--eval-checkpoint" in res.stdout and res.stderr == ""
@@ -290,7 +305,7 @@ def test_a_run_stopped_at_its_total_by_older_code_is_finished_on_resume(script, 
     run_dir = tmp_path / "runs" / ckpt["run_name"]
     run_dir.mkdir(parents=True)
     torch.save(ckpt, run_dir / "checkpoint.pt")
-    res = run(script, ["--resume", run_dir / "checkpoint.pt"], tmp_path)
+    res = cli(script, ["--resume", run_dir / "checkpoint.pt"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "nothing to do" in res.stdout and "reached its total" in res.stdout, res.stdout
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["status"] == "finished"
@@ -319,7 +334,7 @@ def test_a_diverged_run_whose_checkpoint_became_unreadable_says_so_in_one_line(s
 def test_norm_adv_with_one_row_minibatches_is_one_line_error(script, tmp_path):
     """Before: the std of one advantage is NaN, and the run stopped as diverged."""
     one_row = ["--num-minibatches", str(BATCH[script])]  # the last flag given wins over TINY's
-    res = run(script, [*TINY[script], *one_row], tmp_path)
+    res = cli(script, [*TINY[script], *one_row], tmp_path)
     assert_one_line_error(res, "--norm-adv", "--no-norm-adv")
     assert not (tmp_path / "runs").exists()
     one_batch = ["--total-timesteps", str(BATCH[script])]

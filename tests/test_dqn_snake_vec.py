@@ -11,7 +11,7 @@ from collections import deque
 
 import pytest
 import torch
-from helpers import assert_micro_batches_match
+from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process
 
 import run_utils
 
@@ -442,6 +442,11 @@ def run(args, cwd, timeout=240):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def refuse(args, cwd):
+    """The command line of ``run`` in this process (helpers.run_in_process): for input refused before a run starts."""
+    return run_in_process(SCRIPT, ["--num-threads", "1", "--no-progress-bar", *args], cwd)
+
+
 SMALL = ["--num-envs", 32, "--batch-size", 32, "--buffer-size", 4096, "--learning-starts", 128, "--log-every", 256]
 
 
@@ -534,7 +539,7 @@ def test_a_replay_memory_larger_than_the_free_memory_is_refused_at_start(tmp_pat
     if free is None:
         pytest.skip("the free memory cannot be read here")
     transitions = 4 * free // (2 * 4 * 10 * 10 + 17)  # four times what fits: the allocator refuses it outright
-    res = run(["--buffer-size", transitions, "--total-timesteps", 1024], tmp_path)
+    res = refuse(["--buffer-size", transitions, "--total-timesteps", 1024], tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --buffer-size {transitions} on 10x10 boards needs "), lines
@@ -543,11 +548,9 @@ def test_a_replay_memory_larger_than_the_free_memory_is_refused_at_start(tmp_pat
 
 
 def test_bad_input_is_one_line_error(tmp_path):
-    res = run(["--height", 2], tmp_path)  # the other cases below raise the same ValueError in-process
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert res.stderr.startswith("error: --height and --width must be at least 3")
-    assert len(res.stderr.strip().splitlines()) == 1
-    res = run(["--env-mode", "bogus"], tmp_path)  # a Literal flag: tyro refuses it and names the choices
+    res = run(["--height", 2], tmp_path)  # in a fresh interpreter; the other cases below raise in this process
+    assert_one_line_error(res, "error: --height and --width must be at least 3")
+    res = refuse(["--env-mode", "bogus"], tmp_path)  # a Literal flag: tyro refuses it and names the choices
     assert res.returncode == 2 and "'bogus'" in res.stderr and "'sparse'" in res.stderr
 
 
@@ -635,7 +638,7 @@ def test_micro_batches_give_the_full_batch_gradient():
 def test_cudagraphs_on_cpu_is_a_one_line_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    res = run(["--cudagraphs", "--gpu", "false"], tmp_path)
+    res = refuse(["--cudagraphs", "--gpu", "false"], tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: --cudagraphs needs a CUDA device"), res.stderr
 
 

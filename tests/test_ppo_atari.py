@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_micro_batches_match
+from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
@@ -167,14 +167,6 @@ def test_sigterm_checkpoint_then_resume_reaches_total(tmp_path):
     assert len(events) == 2 and [device_text(f) for f in events] == [gpu_utils.device_label(torch.device("cpu"))] * 2
 
 
-def test_torchrun_two_processes_gloo(tmp_path):
-    prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    out = run([*TINY, "--total-timesteps", "128", "--gpu", "false"], tmp_path, prefix=prefix)
-    assert out.returncode == 0, out.stderr
-    assert "done: step 128/128 in" in out.stdout  # 2 processes x 2 envs x 16 steps per iteration
-    assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # only rank 0 logs
-
-
 # runs the script as __main__, then writes this process's final weights where the test reads them
 KEEP_WEIGHTS = """
 import os, runpy, sys, torch
@@ -182,14 +174,30 @@ sys.argv = sys.argv[1:]
 run = runpy.run_path(sys.argv[0], run_name="__main__")
 torch.save(run["agent"].state_dict(), f"weights_{os.environ['RANK']}.pt")
 """
+TORCHRUN = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+TORCHRUN_ARGS = [*TINY, "--gpu", "false", "--checkpoint-every", "1"]
 
 
-def test_torchrun_gradient_averaging_keeps_every_process_identical(tmp_path):
-    (tmp_path / "keep_weights.py").write_text(KEEP_WEIGHTS)
-    prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "keep_weights.py", SCRIPT]
-    out = run([*TINY, "--total-timesteps", "128", "--gpu", "false"], tmp_path, prefix=prefix, script="")
+@pytest.fixture(scope="module")
+def torchrun_run(tmp_path_factory):
+    """Two processes on gloo, 2 iterations of 2 processes x 2 envs x 16 steps, each keeping its final weights."""
+    cwd = tmp_path_factory.mktemp("torchrun")
+    (cwd / "keep_weights.py").write_text(KEEP_WEIGHTS)
+    prefix = [*TORCHRUN, "keep_weights.py", SCRIPT]
+    out = run([*TORCHRUN_ARGS, "--total-timesteps", "128"], cwd, prefix=prefix, script="")
     assert out.returncode == 0, out.stderr
-    first, second = (torch.load(tmp_path / f"weights_{rank}.pt") for rank in range(2))
+    return cwd, out
+
+
+def test_torchrun_two_processes_gloo(torchrun_run):
+    cwd, out = torchrun_run
+    assert "done: step 128/128 in" in out.stdout  # 2 processes x 2 envs x 16 steps per iteration
+    assert len(glob.glob(str(cwd / "runs" / "*"))) == 1  # only rank 0 logs
+
+
+def test_torchrun_gradient_averaging_keeps_every_process_identical(torchrun_run):
+    cwd, _ = torchrun_run
+    first, second = (torch.load(cwd / f"weights_{rank}.pt") for rank in range(2))
     initial = ppo_atari.Agent(4).state_dict()
     for key, weight in first.items():
         assert torch.equal(weight, second[key]), key  # different envs and noise, the same averaged gradients
@@ -209,6 +217,9 @@ def bad_checkpoint(tmp_path_factory):
     return path, wrong, other, named
 
 
+BAD_INPUT_BASE = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "64", "--no-progress-bar"]
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -225,24 +236,27 @@ def bad_checkpoint(tmp_path_factory):
         (["--num-minibatches", "5"], "valid: 1, 2, 4, 8"),
         (["--gpu", "true"], "CUDA is not available"),
         (["--gpu", "3"], "asks for GPU 3"),
-        (["--eval-checkpoint", "WRONG"], "does not fit"),
         (["--resume", "WRONG"], "holds no training state"),
         (["--eval-checkpoint", "OTHER"], "another script's checkpoint"),
     ],
 )
 def test_bad_input_gives_one_line_error(args, needle, tmp_path, bad_checkpoint):
+    """Refused before a run starts, so in this process (helpers.run_in_process); a fresh interpreter refuses the
+    checkpoint that does not fit below."""
     if args[:1] == ["--gpu"] and torch.cuda.device_count() > (0 if args[1] == "true" else 3):
         pytest.skip("this machine can satisfy the request")
     files = dict(zip(["BAD", "WRONG", "OTHER", "NAMED"], map(str, bad_checkpoint)))
     args = [files.get(a, a) for a in args]
-    base = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "64", "--no-progress-bar"]
+    base = BAD_INPUT_BASE
     if "--minibatch-size" not in args and "--num-minibatches" not in args:
-        base += ["--minibatch-size", "16"]
-    out = run([*base, *args], tmp_path, timeout=120)
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
-    assert "Traceback" not in out.stderr
+        base = [*base, "--minibatch-size", "16"]
+    assert_one_line_error(run_in_process(SCRIPT, [*base, *args], tmp_path), needle)
+
+
+def test_a_checkpoint_that_does_not_fit_is_one_line_error(tmp_path, bad_checkpoint):
+    """Found out when the weights load, after the checks: in a fresh interpreter."""
+    args = [*BAD_INPUT_BASE, "--minibatch-size", "16", "--eval-checkpoint", str(bad_checkpoint[1])]
+    assert_one_line_error(run(args, tmp_path, timeout=120), "does not fit")
 
 
 def test_video_recorder_writes_first_game(tmp_path):
@@ -337,20 +351,18 @@ def test_amp_keeps_the_first_minibatch_ratio_at_one(tmp_path):
     assert len(errors) == 2 and max(errors) < 1e-6
 
 
-def test_torchrun_resume_restores_every_process_rng(tmp_path):
+def test_torchrun_resume_restores_every_process_rng(torchrun_run, tmp_path):
     """Sampling noise and shuffles consume the same random numbers every iteration, so a run stopped after 2 of 3
     iterations and resumed must end with the RNG states of the run that went straight through, on every process."""
-    prefix = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    args = [*TINY, "--gpu", "false", "--checkpoint-every", "1"]
     (tmp_path / "full").mkdir()
-    (tmp_path / "part").mkdir()
-    assert run([*args, "--total-timesteps", "192"], tmp_path / "full", prefix=prefix).returncode == 0
-    assert run([*args, "--total-timesteps", "128"], tmp_path / "part", prefix=prefix).returncode == 0
-    (part,) = glob.glob(str(tmp_path / "part" / "runs" / "*" / "checkpoint.pt"))
-    ckpt = torch.load(part, weights_only=True)
-    ckpt["args"]["total_timesteps"] = 192  # continue the stopped run for one more iteration
+    assert run([*TORCHRUN_ARGS, "--total-timesteps", "192"], tmp_path / "full", prefix=TORCHRUN).returncode == 0
+    (done,) = glob.glob(str(torchrun_run[0] / "runs" / "*" / "checkpoint.pt"))  # 2 iterations of 128 steps
+    ckpt = torch.load(done, weights_only=True)
+    ckpt["args"]["total_timesteps"] = 192  # continue the run for one more iteration
+    part = tmp_path / "part" / "runs" / ckpt["run_name"] / "checkpoint.pt"
+    part.parent.mkdir(parents=True)
     torch.save(ckpt, part)
-    out = run(["--resume", part, "--gpu", "false", "--no-progress-bar"], tmp_path / "part", prefix=prefix)
+    out = run(["--resume", part, "--gpu", "false", "--no-progress-bar"], tmp_path / "part", prefix=TORCHRUN)
     assert out.returncode == 0, out.stderr
     (full,) = glob.glob(str(tmp_path / "full" / "runs" / "*" / "checkpoint.pt"))
     rng_full = torch.load(full, weights_only=True)["rng"]

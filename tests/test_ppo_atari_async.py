@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
@@ -283,7 +283,7 @@ def test_async_run_logs_learns_on_policy_and_resumes(tmp_path):
 
 @pytest.mark.parametrize("value", ["4", "5", "-1"])
 def test_bad_async_envs_gives_one_line_error(value, tmp_path):
-    out = run([*ASYNC, "--async-envs", value, "--total-timesteps", "256"], tmp_path, timeout=120)
+    out = run_in_process(SCRIPT, [*ASYNC, "--async-envs", value, "--total-timesteps", "256"], tmp_path)
     assert_one_line_error(out, f"--async-envs {value}", "--num-envs - 1")
 
 

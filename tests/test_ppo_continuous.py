@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from helpers import assert_micro_batches_match, assert_one_line_error
+from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")
@@ -105,6 +105,7 @@ def test_minibatch_size_error():
 
 
 def test_discrete_env_gives_one_line_error(tmp_path):
+    """In a fresh interpreter; the refusals below run in this process (helpers.run_in_process)."""
     assert_one_line_error(run(tmp_path, "--env-id", "CartPole-v1"), "CartPole-v1", "Discrete", "continuous")
 
 
@@ -142,14 +143,14 @@ def test_bad_settings_raise_one_line_errors(argv, match):
 )
 def test_bad_input_gives_one_line_error_before_training(tmp_path, argv, words):
     torch.save({"model": {}, "args": {"env_id": "ALE/Breakout-v5"}}, tmp_path / "atari.model")  # ppo_atari's
-    assert_one_line_error(run(tmp_path, *argv), *words)
+    assert_one_line_error(run_in_process(SCRIPT, argv, tmp_path), *words)
     assert not (tmp_path / "runs").exists()
 
 
 def test_gpu_true_without_cuda(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert_one_line_error(run(tmp_path, "--env-id", "Pendulum-v1", "--gpu", "true"), "--gpu true")
+    assert_one_line_error(run_in_process(SCRIPT, ["--env-id", "Pendulum-v1", "--gpu", "true"], tmp_path), "--gpu true")
 
 
 def test_obs_statistics_match_the_data_and_survive_a_checkpoint(tmp_path):
@@ -218,7 +219,14 @@ def eval_return(tmp_path, path):
     return float(re.search(r"eval Pendulum-v1: mean return (\S+) \+- 0.00 over 1 episodes", res.stdout).group(1))
 
 
-def test_normalisation_stats_survive_save_load_eval(pendulum_run):
+@pytest.fixture(scope="module")
+def model_return(pendulum_run):
+    """The return the script's --eval-checkpoint prints for the Pendulum run's saved model."""
+    tmp_path, _ = pendulum_run
+    return eval_return(tmp_path, run_dir(tmp_path) / "ppo_continuous.model")
+
+
+def test_normalisation_stats_survive_save_load_eval(pendulum_run, model_return):
     tmp_path, _ = pendulum_run
     model = run_dir(tmp_path) / "ppo_continuous.model"
     saved = torch.load(model, weights_only=True)
@@ -232,7 +240,6 @@ def test_normalisation_stats_survive_save_load_eval(pendulum_run):
     assert torch.equal(act(ckpt, obs), actions)  # checkpoint and model file hold the same policy
     assert not torch.allclose(act({**saved, "obs_rms": None}, obs), actions)  # so the statistics matter
     # the script's eval path uses the saved statistics: it acts exactly like the loaded policy above
-    printed = eval_return(tmp_path, model)
     env = pc.gym.make("Pendulum-v1")
     obs, _ = env.reset(seed=7)
     total, done = 0.0, False
@@ -240,10 +247,10 @@ def test_normalisation_stats_survive_save_load_eval(pendulum_run):
         action = act(saved, obs[None])[0].numpy()
         obs, reward, term, trunc, _ = env.step(action.clip(-2.0, 2.0))
         total, done = total + float(reward), term or trunc
-    assert printed == pytest.approx(total, abs=0.006)
+    assert model_return == pytest.approx(total, abs=0.006)
 
 
-def test_files_with_the_statistics_in_the_model_still_load(pendulum_run):
+def test_files_with_the_statistics_in_the_model_still_load(pendulum_run, model_return):
     """Checkpoints and models written before the statistics left the model (buffers obs_norm.mean/var/count) evaluate
     exactly as before."""
     tmp_path, _ = pendulum_run
@@ -252,9 +259,7 @@ def test_files_with_the_statistics_in_the_model_still_load(pendulum_run):
     old = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(count, dtype=torch.float64)}
     saved["model"] |= {f"obs_norm.{name}": value for name, value in old.items()}
     torch.save(saved, tmp_path / "old.model")
-    assert eval_return(tmp_path, tmp_path / "old.model") == eval_return(
-        tmp_path, run_dir(tmp_path) / "ppo_continuous.model"
-    )
+    assert eval_return(tmp_path, tmp_path / "old.model") == model_return
 
 
 def test_resume_after_sigterm_reaches_same_total(tmp_path):
