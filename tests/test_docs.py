@@ -18,7 +18,7 @@ TRAIN_COMMAND = (
     ".venv/bin/python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7"
 )
 TEST_COMMAND = (
-    'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test]" && '
+    'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test,mjx]" && '
     ".venv/bin/python -m pytest -q -n auto"
 )
 
