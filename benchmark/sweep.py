@@ -59,10 +59,6 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def check_words(words: Sequence[str], where: str = "") -> None:
     """What a user gives reaches command lines, logs and sbatch scripts, where a control character such as a newline
     would start a command: refused, naming its flag. A list (--games ...) may hold newlines between its items."""
@@ -306,6 +302,17 @@ def start_run(
     return subprocess.Popen(words, cwd=REPO_ROOT, env=env, **files, start_new_session=True, preexec_fn=death_signal)
 
 
+def start_logged(command: list[str], cpus: Sequence[int], pin: bool, log_path: str, die_with_parent: bool = False):
+    """start_run with its output appended to the file ``log_path``, after a line with the time and the whole command
+    (its thread variables and taskset included)."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "a") as log:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        log.write(f"# {when}: {shlex.join(slot_prefix(cpus, pin) + command)}\n")
+        log.flush()
+        return start_run(command, cpus, pin, log, die_with_parent)
+
+
 class Stopper:
     """Passes SIGTERM/SIGINT on to every started run (it checkpoints and exits) and remembers that the sweep stops."""
 
@@ -383,15 +390,11 @@ def run_local(
             if slot.proc is None and queue and not stopper.stopping:
                 i = slot.run = queue.pop(0)
                 say(f"[sweep] start [run {i}] {slot.device} cpus {cpu_ranges(slot.cpus)}: {runs[i].label}")
-                with open(logs[i], "a") as log:
-                    log.write(f"# {stamp()}: {shlex.join(slot_prefix(slot.cpus, pin) + slot.command(commands[i]))}\n")
-                    log.flush()
-                    try:
-                        slot.proc = start_run(slot.command(commands[i]), slot.cpus, pin, log)
-                        stopper.started(slot.proc)
-                    except OSError as exc:  # the interpreter (PYTHON) or taskset cannot start
-                        log.write(f"error: {exc}\n")
-                        results[i] = ("failed", f"cannot start: {exc}")
+                try:
+                    slot.proc = start_logged(slot.command(commands[i]), slot.cpus, pin, logs[i])
+                    stopper.started(slot.proc)
+                except OSError as exc:  # the interpreter (PYTHON) or taskset cannot start
+                    results[i] = ("failed", f"cannot start: {exc}")
         time.sleep(0.2)
     lines = [f"{len(runs)} runs in {time.time() - started:.0f} s"]
     for i, run in enumerate(runs):

@@ -18,7 +18,6 @@ import math
 import os
 import re
 import shlex
-import socket
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ try:
 except ModuleNotFoundError:
     sys.exit("error: optuna is missing; install the tuner's extra: pip install -e '.[tune]'")
 
-import report  # noqa: E402  (the one reader of event files)
+import report  # noqa: E402  (the one reader of run folders)
 import sweep  # noqa: E402  (slots, the launcher, SLURM; puts the repo root on sys.path)
 from sweep import SweepError  # noqa: E402
 
@@ -43,7 +42,6 @@ import gpu_utils  # noqa: E402
 import run_utils  # noqa: E402
 
 RUNS_DIR = os.path.join(sweep.REPO_ROOT, "runs")
-RETURN_TAG = "charts/episodic_return"
 # fields the tuner sets, with what to use instead, and fields that say how a run goes rather than what it learns
 SET_BY_TUNER = {"seed": "--seeds", "env_id": "--envs", "exp_name": "--study-name", "resume": "a rerun of the study"}
 SET_BY_TUNER |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
@@ -60,11 +58,11 @@ def say(text: str) -> None:
 
 
 class Field(NamedTuple):
-    """A field of the script's Args: its flag, kind (float, int, bool or str), Literal choices and default."""
+    """A field of the script's Args: its flag, kind (float, int, bool or str; tyro checks a Literal's values when a
+    run starts) and default."""
 
     flag: str
     kind: str
-    choices: tuple | None
     default: object
 
 
@@ -76,16 +74,12 @@ def script_fields(script: str) -> dict[str, Field]:
     classes = [n for n in ast.parse(open(path).read()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
     fields = {}
     for node in [n for n in classes[0].body if isinstance(n, ast.AnnAssign)] if classes else []:
-        annotation = ast.unparse(node.annotation)
         try:
             default = ast.literal_eval(node.value) if node.value else None
         except ValueError:  # an expression, such as the script's file name
             default = None
-        literal = re.search(r"Literal\[(.*?)\]", annotation)
-        choices = tuple(ast.literal_eval(f"({literal[1]},)")) if literal else None
-        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", annotation)]
-        kind = "str" if choices or not kinds else kinds[0]
-        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), kind, choices, default)
+        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", ast.unparse(node.annotation))]
+        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), (kinds or ["str"])[0], default)
     if not fields:
         raise SweepError(f"{script} has no `class Args`; tune.py tunes scripts whose flags come from one")
     return fields
@@ -105,12 +99,9 @@ def convert(text: str, f: Field, what: str) -> object:
     """A value of the field's kind from its text (3e-4, 128, true)."""
     kinds = {"bool": lambda t: {"true": True, "false": False}[t.lower()], "int": int, "float": float, "str": str}
     try:
-        value = kinds[f.kind](text.strip())
+        return kinds[f.kind](text.strip())
     except (KeyError, ValueError):
         raise SweepError(f"{what}: {f.flag} takes a value of type {f.kind}, not '{text}'") from None
-    if f.choices and value not in f.choices:
-        raise SweepError(f"{what}: {f.flag} takes one of {', '.join(map(str, f.choices))}, not '{text}'")
-    return value
 
 
 def parse_param(spec: str, fields: dict[str, Field], script: str):
@@ -138,14 +129,6 @@ def parse_param(spec: str, fields: dict[str, Field], script: str):
         raise SweepError(f"{what}: {exc}") from None
 
 
-def suggest(trial, name: str, dist) -> object:
-    if hasattr(dist, "choices"):
-        return trial.suggest_categorical(name, dist.choices)
-    if isinstance(dist.low, int):
-        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
-    return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
-
-
 def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str) -> dict[str, object]:
     """``defaults`` (the script's defaults of the searched flags) or ``NAME=VALUE ...``: a trial to run first."""
     values = {}
@@ -155,10 +138,9 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
     for name, dist in space.items():
         value = values.get(name)
-        if hasattr(dist, "choices"):
-            inside = value in dist.choices
-        else:
-            inside = value is not None and dist.low <= value <= dist.high
+        inside = (
+            value in dist.choices if hasattr(dist, "choices") else value is not None and dist.low <= value <= dist.high
+        )
         if not inside:
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values
@@ -196,20 +178,14 @@ class TrialRun:
     sizes: tuple = ()  # the event files' sizes when last read
 
     def read(self) -> None:
-        """Read the event files again when they grew. A resumed run has one per process; what a process logged past
-        the step the next one resumed from was done again, and is dropped."""
+        """Read its folder again when its event files grew, as report.py does: a resumed run has one per process, and
+        what a process logged past the step the next one resumed from was done again and is left out."""
         found = sorted(glob.glob(os.path.join(RUNS_DIR, self.pattern)))
         self.run_dir = self.run_dir or (found[-1] if found else None)
         files = sorted(glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*"))) if self.run_dir else []
-        if tuple(map(os.path.getsize, files)) == self.sizes:
-            return
-        self.sizes = tuple(map(os.path.getsize, files))
-        parts = [scalars for scalars, _ in map(report.read_event_file, files) if scalars]
-        parts.sort(key=lambda scalars: min(e[0] for events in scalars.values() for e in events))
-        cuts = [min(e[0] for events in scalars.values() for e in events) for scalars in parts[1:]] + [math.inf]
-        kept = [(tag, e) for scalars, cut in zip(parts, cuts) for tag, ev in scalars.items() for e in ev if e[0] <= cut]
-        self.returns = sorted((e[0], e[2]) for tag, e in kept if tag == RETURN_TAG)
-        self.last_step = max((e[0] for _, e in kept), default=0)
+        if files and tuple(map(os.path.getsize, files)) != self.sizes:
+            self.sizes, run = tuple(map(os.path.getsize, files)), report.load_run(self.run_dir)
+            self.returns, self.last_step = list(zip(run.steps.tolist(), run.returns.tolist())), run.last_step
 
     def ended(self, stopping: bool) -> str:
         """Its outcome once its process exited: finished as its checkpoint says, stopped by a signal, or failed."""
@@ -260,9 +236,9 @@ def report_steps(config: dict) -> list[int]:
 
 def load_study(storage, name: str, config: dict | None, worker: int = 0):
     """The study ``name`` and its config: the stored one, which ``config`` (when given) must match but for the number
-    of trials, or ``config`` for a new study. Its sampler, and its pruner from the first report after the warm-up.
-    With --sampler-seed, each worker and each restart seeds its sampler anew (seed + 1000 x worker + trials so far):
-    a rerun would otherwise draw the same points again."""
+    of trials, or ``config`` for a new study. Its TPE sampler, with --sampler-seed seeded anew by each worker and
+    restart (seed + 1000 x worker + trials so far: a rerun would draw the same points again), and its pruner from the
+    first report after the warm-up."""
     if config is None and name not in optuna.get_all_study_names(storage):
         raise SweepError(f"no study {name} in this storage; start it with benchmark/tune.py SCRIPT ...")
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
@@ -273,13 +249,16 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
     study.set_user_attr("tune:config", config)
     seed = None if config["sampler_seed"] is None else config["sampler_seed"] + 1000 * worker + len(study.trials)
     startup = min(10, max(2, config["trials"] // 3))  # random trials before TPE models the results
-    tpe = optuna.samplers.TPESampler(n_startup_trials=startup, seed=seed, constant_liar=True)
-    study.sampler = optuna.samplers.RandomSampler(seed=seed) if config["sampler"] == "random" else tpe
+    study.sampler = optuna.samplers.TPESampler(n_startup_trials=startup, seed=seed, constant_liar=True)
     total, warmup = config["total_timesteps"], int(config["prune_warmup"] * config["total_timesteps"])
     first = next((step for step in report_steps(config) if step >= warmup), total)
-    pruners = {"median": optuna.pruners.MedianPruner(n_startup_trials=config["prune_startup"], n_warmup_steps=warmup)}
-    pruners["hyperband"] = optuna.pruners.HyperbandPruner(min_resource=first, max_resource=total)
-    study.pruner = pruners.get(config["pruner"], optuna.pruners.NopPruner())
+    if config["pruner"] == "median":
+        study.pruner = optuna.pruners.MedianPruner(n_startup_trials=config["prune_startup"], n_warmup_steps=warmup)
+    else:
+        hyperband = config["pruner"] == "hyperband"
+        study.pruner = (
+            optuna.pruners.HyperbandPruner(first, max_resource=total) if hyperband else optuna.pruners.NopPruner()
+        )
     return study, config
 
 
@@ -304,19 +283,11 @@ def requeue(study, t, reason: str = "") -> bool:
 
 
 def recover_stale(study, stale_after: float) -> None:
-    """Queue again the RUNNING trials whose tuner is gone: no tune.py has its pid on this host (Linux), or its
-    heartbeat is older than ``stale_after`` seconds."""
+    """Queue again the RUNNING trials whose tuner is gone: no heartbeat for ``stale_after`` seconds."""
     for t in [t for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"]:
-        host, pid = t.user_attrs.get("tune:host"), t.user_attrs.get("tune:pid")
         beat = t.user_attrs.get("tune:heartbeat") or t.datetime_start.timestamp()
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                alive = b"tune.py" in f.read()
-        except OSError:
-            alive = not os.path.isdir("/proc/self")  # no /proc: taken for alive
-        gone = host == socket.gethostname() and pid is not None and not alive
-        if (gone or time.time() - beat > stale_after) and requeue(study, t, "stale: its tuner died"):
-            say(f"trial {t.number} was left RUNNING by a tuner that died ({host} pid {pid}): queued again")
+        if time.time() - beat > stale_after and requeue(study, t, "stale: its tuner died"):
+            say(f"trial {t.number} was left RUNNING by a tuner gone quiet for {stale_after:g} s: queued again")
 
 
 # ---------------------------------------------------------------- a worker: Optuna's trials in the slots
@@ -332,7 +303,7 @@ class Worker:
         self.python, self.lock = sweep.runs_python(), threading.Lock()
         self.space = dict(parse_param(p, script_fields(config["script"]), config["script"]) for p in config["params"])
         task = os.environ.get("SLURM_ARRAY_TASK_ID")
-        self.worker = f"slurm {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}" if task else "local"
+        self.worker = f"slurm {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}" if task else f"local pid {os.getpid()}"
 
     def run(self) -> int:
         """The slots' threads until they end (this thread takes the signals); 130 when a signal stopped them."""
@@ -352,7 +323,7 @@ class Worker:
                 recover_stale(self.study, self.stale_after)
                 if counted(self.study.get_trials(deepcopy=False)) >= self.config["trials"]:
                     return
-                trial = self.study.ask()
+                trial = self.study.ask(self.space)  # a queued trial's values, else the sampler's
             state, result = self.run_trial(trial, slot)
             if state == "stopped" and requeue(self.study, self.study._storage.get_trial(trial._trial_id), result):
                 say(f"trial {trial.number} stopped with the tuner: queued again, to continue its runs")
@@ -367,16 +338,14 @@ class Worker:
 
     def run_trial(self, trial, slot: sweep.Slot) -> tuple[str, object]:
         """Run the trial's runs in ``slot``: (complete, value), (pruned or fail, why) or (stopped, why)."""
-        values = {name: suggest(trial, name, dist) for name, dist in self.space.items()}
         origin = trial.user_attrs.get("tune:origin", trial.number)
-        attrs = {"tune:host": socket.gethostname(), "tune:pid": os.getpid(), "tune:worker": self.worker}
-        for key, value in {**attrs, "tune:origin": origin, "tune:heartbeat": time.time()}.items():
+        for key, value in {"tune:worker": self.worker, "tune:origin": origin, "tune:heartbeat": time.time()}.items():
             trial.set_user_attr(key, value)
         continues = trial.user_attrs.get("tune:continues")
-        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
         say(f"trial {trial.number} start{'' if continues is None else f' (continues trial {continues})'}: {text}")
         try:
-            runs = self.trial_runs(origin, values, continues is not None)
+            runs = self.trial_runs(origin, trial.params, continues is not None)
         except ValueError as exc:  # a run it continues cannot go on
             return "fail", str(exc)
         end = self.watch(trial, runs, slot)
@@ -395,11 +364,7 @@ class Worker:
         for r, cpus in zip(runs, gpu_utils.split_cpus(slot.cpus, len(runs))):
             if not r.outcome and not self.stopper.stopping:  # on the slot's GPU, and CPUs of its own
                 command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
-                os.makedirs(os.path.dirname(r.log), exist_ok=True)
-                with open(r.log, "a") as log:
-                    log.write(f"# {sweep.stamp()}: {shlex.join(sweep.slot_prefix(cpus, self.pin) + command)}\n")
-                    log.flush()
-                    r.proc = sweep.start_run(command, cpus, self.pin, log, die_with_parent=True)
+                r.proc = sweep.start_logged(command, cpus, self.pin, r.log, die_with_parent=True)
                 self.stopper.started(r.proc)
         end, reported, beat = "", set(), time.time()
         while any(r.proc is not None and not r.outcome for r in runs):
@@ -463,11 +428,12 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     names = [spec.split("=")[0] for spec in config["params"]]
     env, seed = (config[k][0] if len(config[k]) == 1 else None for k in ("envs", "seeds"))
     where = (["--env-id", env] if env else []) + (["--seed", seed] if seed else [])
-    table = [f"| rank | trial | value | {' | '.join(names)} | command |", "|---" * (len(names) + 4) + "|"]
+    rows = []
     for rank, t in enumerate(best, 1):
         command = shlex.join(["python", config["script"], *where, *value_args(config, t.params)])
-        cells = [f"{t.params[n]:.4g}" if isinstance(t.params[n], float) else str(t.params[n]) for n in names]
-        table.append(f"| {rank} | {t.number} | {t.value:.4g} | {' | '.join(cells)} | `{command}` |")
+        cells = [f"{t.params[n]:.4g}" if isinstance(t.params[n], float) else t.params[n] for n in names]
+        rows.append([rank, t.number, f"{t.value:.4g}", *cells, f"`{command}`"])
+    table = report.md_table(["rank", "trial", "value", *names, "command"], rows)
     say(f"study {study.study_name}: {counts}; the best trials:\n" + "\n".join(table))
     os.makedirs(out_dir, exist_ok=True)
     plot = optuna.visualization.matplotlib
@@ -508,8 +474,7 @@ def build_parser() -> sweep.Parser:
     s.add_argument("--envs", default="", help="env ids: each trial runs on each (default: the script's)")
     s.add_argument("--seeds", default="1", help='seeds: each trial runs with each (default "1")')
     s.add_argument("--enqueue", action="append", default=[], metavar="VALUES", help='"defaults" or "NAME=VALUE ..."')
-    s.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
-    s.add_argument("--sampler-seed", type=int, help="seed of the sampler (default: none)")
+    s.add_argument("--sampler-seed", type=int, help="seed of the sampler, Optuna's TPE (default: none)")
     s.add_argument("--last-episodes", type=sweep.count(1), default=100, help="episodes averaged per run (100)")
     s.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median")
     s.add_argument("--reports", type=sweep.count(1), default=10, help="reports of the value per run (10)")
@@ -548,7 +513,7 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     config |= {"args": passthrough, "total_timesteps": int(total), "last_episodes": a.last_episodes}
     config |= {"references": {env: sum(s) / len(s) for env, s in references.items()}, "reports": a.reports}
     config |= {"pruner": a.pruner, "prune_warmup": a.prune_warmup, "prune_startup": a.prune_startup}
-    config |= {"sampler": a.sampler, "sampler_seed": a.sampler_seed, "trials": a.trials}
+    config |= {"sampler_seed": a.sampler_seed, "trials": a.trials}
     return config, [parse_enqueue(text, space, fields, a.script) for text in a.enqueue]
 
 
