@@ -235,6 +235,16 @@ def gymnasium_xml_path(xml_file: str) -> Path:
 
 
 # ---------------------------------------------------------------- JAX and MJX, imported on first use
+def missing_extra(impl: str = "jax") -> str:
+    """What to install for MJX worlds of ``impl``, or "" when it is installed; imports neither JAX nor MJX."""
+    missing = [name for name in ("jax", "mujoco.mjx") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"MJX envs need {' and '.join(missing)}: {INSTALL_HINT}"
+    if impl == "warp" and importlib.util.find_spec("warp") is None:
+        return f"impl='warp' needs warp-lang: {WARP_INSTALL_HINT}"
+    return ""
+
+
 def _import_mjx(impl: str):
     """Import JAX and MJX with GPU preallocation off and the compilation caches on disk; one-line errors."""
     if impl not in ("jax", "warp"):
@@ -243,11 +253,8 @@ def _import_mjx(impl: str):
     # JAX takes memory as it needs it instead of 75% of the card up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("WARP_CACHE_PATH", str(cache_dir() / "warp"))
-    missing = [name for name in ("jax", "mujoco.mjx") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"MJX envs need {' and '.join(missing)}: {INSTALL_HINT}")
-    if impl == "warp" and importlib.util.find_spec("warp") is None:
-        raise ImportError(f"impl='warp' needs warp-lang: {WARP_INSTALL_HINT}")
+    if missing_extra(impl):
+        raise ImportError(missing_extra(impl))
     import jax
 
     # mujoco.mjx prints a line when warp-lang is absent; absent is fine for impl="jax"

@@ -282,17 +282,11 @@ class Rollout:
 
 class AsyncRollout:
     """--async-envs: one vector env of N envs whose recv() hands back the first B to finish a step (make_envs with
-    batch_size B), so the policy acts on those B while the other N - B play. Each env has its own time index: its
-    steps fill its own column of the (num_steps, N) rollout in the order it played them, with the done flags that
-    go with them, so compute_gae runs on it unchanged (next_obs[e]: the observation after env e's last stored step).
-
-    ale-py's send() acts on exactly the B envs of the last recv() (it takes no env ids) and recv() waits for B
-    results, so N - B envs are always playing and none can be held back. Hence two kinds of steps are played but not
-    stored: an env whose column is full keeps playing (the policy acts on it) until every column is full, and the
-    step each of the N - B envs plays across the update was acted on by the previous policy. Every stored step was
-    acted on by the policy the update starts from, and every env stores exactly num_steps per rollout. `discarded`
-    is the share of the rollout's played steps not stored; `games` holds the (score, length) of the games that
-    ended, stored or not.
+    batch_size B), so the policy acts on those B while the other N - B play. Each env fills its own column of the
+    (num_steps, N) rollout in the order it played, with its done flags, so compute_gae runs on it unchanged. ale-py's
+    send() acts on exactly the envs of the last recv(), so N - B envs always play: the steps of full columns and
+    those acted on by the previous policy are played but not stored (``discarded``: their share). Why, and what it
+    costs: docs/ppo_atari.md#asynchronous-envs. ``games``: (score, length) of the games that ended, stored or not.
     """
 
     def __init__(self, envs, seed: int, storage):

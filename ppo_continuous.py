@@ -14,6 +14,7 @@ import torch.nn as nn
 import tyro
 
 import gpu_utils
+import mjx_envs
 import run_utils
 
 
@@ -67,8 +68,14 @@ class Args:
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v5"
     """any gymnasium env id with a continuous (Box) action space"""
-    preset: Literal["fast", "heavy", "beast"] | None = None
-    """GPU-heavy settings (see PRESETS); flags you pass explicitly still win"""
+    preset: Literal["fast", "heavy", "beast", "worlds"] | None = None
+    """GPU-heavy settings (see PRESETS; worlds: for --sim mjx); flags you pass explicitly still win"""
+    sim: Literal["cpu", "mjx"] = "cpu"
+    """where the physics runs: cpu (gymnasium's MuJoCo envs), or mjx (all envs as one batch of worlds on the device
+    through MJX: HalfCheetah, Hopper, Walker2d and InvertedPendulum v5; pip install -e ".[mjx]")"""
+    mjx_impl: Literal["jax", "warp"] = "jax"
+    """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels, NVIDIA GPUs; the warp
+    extra)"""
     subproc: bool = False
     """step the envs in subprocesses (AsyncVectorEnv, forkserver); default in-process"""
     total_timesteps: int = 1000000
@@ -112,12 +119,14 @@ class Args:
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
 RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
 RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
-RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "subproc"}
+RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "subproc", "mjx_impl"}
 DEFAULTS = dict(num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, network_arch="64,64")
 PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
     "fast": dict(num_envs=16, num_steps=256, minibatch_size="2048", update_epochs=15, network_arch="512,512"),
     "heavy": dict(num_envs=32, num_steps=256, minibatch_size="4096", update_epochs=20, network_arch="1024,512,256"),
     "beast": dict(num_envs=64, num_steps=512, minibatch_size="8192", update_epochs=30, network_arch="1024,512,512,256"),
+    # thousands of worlds and short rollouts, as MuJoCo Playground's PPO runs them; not yet measured on a GPU here
+    "worlds": dict(num_envs=4096, num_steps=32, minibatch_size="16384", update_epochs=4, network_arch="256,256"),
 }
 LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
 
@@ -171,7 +180,14 @@ def validate(args: Args, evaluating: bool) -> None:
         raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")
     batch_size = args.num_envs * args.num_steps
     enough = f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} = envs x steps)"
-    run_utils.check(run_utils.shared_checks(args) | {enough: evaluating or args.total_timesteps >= batch_size})
+    worlds = f"--sim mjx has {', '.join(mjx_envs.TASKS)}, not {args.env_id}; use --sim cpu for it"
+    mjx_only = "--sim mjx steps every env on the device: drop --subproc and --capture-video"
+    checks = {enough: evaluating or args.total_timesteps >= batch_size}
+    if args.sim == "mjx" and not evaluating:  # the extra, before the run writes anything
+        extra = mjx_envs.missing_extra(args.mjx_impl)
+        checks |= {worlds: args.env_id in mjx_envs.TASKS, mjx_only: not (args.subproc or args.capture_video)}
+        checks |= {f"--sim mjx: {extra}": not extra}
+    run_utils.check(run_utils.shared_checks(args) | checks)
 
 
 def hidden_sizes(arch: str) -> list[int]:
@@ -204,14 +220,21 @@ class DropInfo(gym.Wrapper):
 
 
 class RunningMeanStd:
-    """Running mean/variance on the host (numpy, float64), parallel-update formula as gymnasium's wrappers. Its
-    (mean, var, count) go into checkpoints and saved models, so a loaded policy sees what it saw in training."""
+    """Running mean and variance in float64, with the parallel-update formula of gymnasium's wrappers: numpy arrays
+    on the host, or tensors on ``device``. Its (mean, var, count) go into checkpoints and saved models, so a loaded
+    policy sees what it saw in training."""
 
-    def __init__(self, shape=(), state=None):  # state: the (mean, var, count) of a checkpoint
+    def __init__(self, shape=(), state=None, device=None):  # state: the (mean, var, count) of a checkpoint
+        self.device = device
         mean, var, count = (np.zeros(shape), np.ones(shape), 1e-4) if state is None else state
-        self.mean = np.asarray(mean, dtype=np.float64)
-        self.var = np.asarray(var, dtype=np.float64)
+        self.mean = self.array(mean)
+        self.var = self.array(var)
         self.count = float(count)
+
+    def array(self, x):
+        if self.device is None:
+            return np.asarray(x, dtype=np.float64)
+        return torch.as_tensor(x, dtype=torch.float64, device=self.device)
 
     def state(self) -> tuple:  # floats and lists of floats: exact, and torch.load(weights_only=True) reads them
         return self.mean.tolist(), self.var.tolist(), float(self.count)
@@ -219,7 +242,7 @@ class RunningMeanStd:
     def update(self, x):
         b_count = x.shape[0]
         b_mean = x.sum(0) / b_count  # sum/count: np.mean and np.var cost more than the update itself on tiny batches
-        b_var = np.square(x - b_mean).sum(0) / b_count
+        b_var = ((x - b_mean) ** 2).sum(0) / b_count
         delta = b_mean - self.mean
         tot = self.count + b_count
         self.mean = self.mean + delta * (b_count / tot)
@@ -228,10 +251,123 @@ class RunningMeanStd:
 
     def normalize(self, obs, update: bool):
         """Observations normalised with the statistics (clipped to +-10), updating them first when ``update``."""
-        obs = np.asarray(obs, dtype=np.float64).reshape(len(obs), -1)
+        obs = self.array(obs).reshape(len(obs), -1)
         if update:
             self.update(obs)
-        return np.clip((obs - self.mean) / np.sqrt(self.var + 1e-8), -10.0, 10.0)
+        return ((obs - self.mean) / (self.var + 1e-8) ** 0.5).clip(-10.0, 10.0)
+
+
+class HostEnvs:
+    """gymnasium's vector envs as the PPO loop steps them (CleanRL's wrappers, vectorised here): actions clipped to
+    the action space; observations normalised by running statistics and rewards divided by the running std of the
+    discounted return, both clipped to +-10, the statistics on the host in float64; the reward of an episode that
+    its time limit cut short bootstraps from the value of its last observation. Results are tensors on ``device``."""
+
+    def __init__(self, envs, gamma: float, device: torch.device, state: dict | None = None):
+        self.envs = envs
+        self.gamma = gamma
+        self.device = device
+        self.low, self.high = envs.single_action_space.low, envs.single_action_space.high
+        self.obs_dim = obs_dim = int(np.prod(envs.single_observation_space.shape))
+        self.act_dim = envs.single_action_space.shape[0]
+        self.obs_rms = RunningMeanStd(obs_dim, state["obs_rms"] if state else None)  # cheap per step on the host
+        self.ret_rms = RunningMeanStd((), state["ret_rms"] if state else None)
+        self.discounted = np.zeros(envs.num_envs)  # the discounted return whose std scales the rewards
+        self.episode_return = np.zeros(envs.num_envs)
+        self.episode_length = np.zeros(envs.num_envs, dtype=np.int64)
+        self.episodes = []  # (global step, return, length) of the episodes that ended
+
+    def state(self) -> dict:
+        return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
+
+    def reset(self, seed: int) -> torch.Tensor:
+        return self.to_device(self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True))
+
+    def to_device(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(obs, dtype=torch.float32).to(self.device)
+
+    def step(self, actions: torch.Tensor, value, global_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step every env by the policy's ``actions``; returns the next observations, the scaled rewards and the
+        dones. ``value``: the critic, for the time-limit bootstrap."""
+        action = np.clip(actions.cpu().numpy(), self.low, self.high)
+        next_obs, reward, terminated, truncated, infos = self.envs.step(action)
+        done = np.logical_or(terminated, truncated)
+        self.episode_return += reward
+        self.episode_length += 1
+        self.discounted = self.discounted * self.gamma + reward
+        self.ret_rms.update(self.discounted)
+        rewards = torch.as_tensor(np.clip(reward / np.sqrt(self.ret_rms.var + 1e-8), -10.0, 10.0), dtype=torch.float32)
+        next_obs_n = self.to_device(self.obs_rms.normalize(next_obs, True))
+        cut = np.nonzero(truncated & ~terminated)[0]
+        if len(cut):  # a time limit, not the end of the episode: bootstrap from its last observation
+            final = self.obs_rms.normalize(np.stack([infos["final_obs"][i] for i in cut]), False)
+            rewards[cut] += self.gamma * value(torch.as_tensor(final, dtype=torch.float32, device=self.device)).cpu()
+        for i in np.nonzero(done)[0]:
+            self.episodes.append((global_step, self.episode_return[i], self.episode_length[i]))
+        self.episode_return[done] = 0.0
+        self.episode_length[done] = 0
+        self.discounted[done] = 0.0
+        dones = torch.as_tensor(done, dtype=torch.float32)
+        return next_obs_n, rewards.to(self.device, non_blocking=True), dones.to(self.device, non_blocking=True)
+
+    def finished(self) -> list[tuple[int, float, int]]:
+        """(global step, return, length) of the episodes that ended since the last call."""
+        episodes, self.episodes = self.episodes, []
+        return episodes
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class DeviceEnvs:
+    """MJX worlds (--sim mjx, mjx_envs.MJXVectorEnv) as the PPO loop steps them: HostEnvs' processing, with the
+    statistics and every result on the device, so that a step makes no host sync. The time-limit bootstrap values
+    every world's final observation and keeps the values of the worlds cut short."""
+
+    def __init__(self, envs, gamma: float, device: torch.device, state: dict | None = None):
+        self.envs = envs
+        self.gamma = gamma
+        self.low = torch.as_tensor(envs.single_action_space.low, device=device)
+        self.high = torch.as_tensor(envs.single_action_space.high, device=device)
+        self.obs_dim = envs.single_observation_space.shape[0]
+        self.act_dim = envs.single_action_space.shape[0]
+        self.obs_rms = RunningMeanStd(self.obs_dim, state["obs_rms"] if state else None, device)
+        self.ret_rms = RunningMeanStd((), state["ret_rms"] if state else None, device)
+        self.discounted = torch.zeros(envs.num_envs, dtype=torch.float64, device=device)
+        self.episodes = []  # each step's (global step, done, return, length), on the device until finished()
+
+    def state(self) -> dict:
+        return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
+
+    def reset(self, seed: int) -> torch.Tensor:
+        return self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True).float()
+
+    def step(self, actions: torch.Tensor, value, global_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        next_obs, reward, terminated, truncated, info = self.envs.step(actions.clamp(self.low, self.high))
+        done = terminated | truncated
+        self.discounted = self.discounted * self.gamma + reward
+        self.ret_rms.update(self.discounted)
+        rewards = (reward / (self.ret_rms.var + 1e-8) ** 0.5).clip(-10.0, 10.0).float()
+        next_obs_n = self.obs_rms.normalize(next_obs, True).float()
+        final = self.obs_rms.normalize(info["final_obs"], False).float()
+        rewards += self.gamma * value(final) * (truncated & ~terminated)
+        self.discounted = self.discounted * ~done
+        self.episodes.append((global_step, done, info["episode"]["r"], info["episode"]["l"]))
+        return next_obs_n, rewards, done.float()
+
+    def finished(self) -> list[tuple[int, float, int]]:
+        """(global step, return, length) of the episodes that ended since the last call, in one copy to the host."""
+        if not self.episodes:
+            return []
+        steps, done, returns, lengths = zip(*self.episodes)
+        self.episodes = []
+        t, world = torch.stack(done).nonzero(as_tuple=True)
+        returns = torch.stack(returns)[t, world].tolist()
+        lengths = torch.stack(lengths)[t, world].tolist()
+        return [(steps[i], r, n) for i, r, n in zip(t.tolist(), returns, lengths)]
+
+    def close(self) -> None:
+        self.envs.close()
 
 
 # ---------------------------------------------------------------- network
@@ -368,7 +504,7 @@ if __name__ == "__main__":
         micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, minibatch_size))
         num_iterations = args.total_timesteps // batch_size
         # a small MLP runs faster on the CPU: one host<->device round trip per env step costs more than the GPU saves
-        small = max(hidden) < 256 and args.preset is None
+        small = max(hidden) < 256 and args.preset is None and args.sim == "cpu"
         why = f"network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
         device, device_why = run_utils.select_device(args, prefer_cpu=why if small else "")
         threads = gpu_utils.thread_budget(args.num_threads)
@@ -406,25 +542,29 @@ if __name__ == "__main__":
             args, "ppo_continuous", run_name, ckpt, device, cpu_share, num_iterations * batch_size, start_step
         )
 
-    # ---------------- env and network: statistics, action clipping and reward scaling are done here, vectorised
-    if args.capture_video and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering
-    fns = [make_env(args.env_id, i, args.capture_video, run_name, args.subproc) for i in range(args.num_envs)]
-    mode = gym.vector.AutoresetMode.SAME_STEP  # the final obs of a truncated episode is bootstrapped with the critic
-    if args.subproc:
-        envs = gym.vector.AsyncVectorEnv(fns, context="forkserver", autoreset_mode=mode, copy=False)
+    # ---------------- env and network: clipping, normalisation and the time-limit bootstrap in HostEnvs or DeviceEnvs
+    if args.sim == "mjx":  # every env a world of one batch on the device
+        with run_utils.one_line_errors():  # a jaxlib that cannot step MJX on this device, say
+            worlds = mjx_envs.MJXVectorEnv(
+                args.env_id, args.num_envs, seed=args.seed, device=device, impl=args.mjx_impl
+            )
+        envs = DeviceEnvs(worlds, args.gamma, device, ckpt)
     else:
-        envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
-    act_dim = envs.single_action_space.shape[0]
-    act_low, act_high = envs.single_action_space.low, envs.single_action_space.high
+        if args.capture_video and not os.environ.get("DISPLAY"):
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering
+        fns = [make_env(args.env_id, i, args.capture_video, run_name, args.subproc) for i in range(args.num_envs)]
+        mode = gym.vector.AutoresetMode.SAME_STEP  # a truncated episode's final obs is bootstrapped with the critic
+        if args.subproc:
+            envs = gym.vector.AsyncVectorEnv(fns, context="forkserver", autoreset_mode=mode, copy=False)
+        else:
+            envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
+        envs = HostEnvs(envs, args.gamma, device, ckpt)
+    obs_dim, act_dim = envs.obs_dim, envs.act_dim
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
     learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
     use_graph = args.cudagraphs and micro.rows >= minibatch_size  # a graph cannot hold a split minibatch
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
-    obs_rms = RunningMeanStd(obs_dim, ckpt["obs_rms"] if ckpt else None)  # on the host: cheap per step
-    ret_rms = RunningMeanStd((), ckpt["ret_rms"] if ckpt else None)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
@@ -442,19 +582,17 @@ if __name__ == "__main__":
     def mb_loss(*data):  # the loss of the rows of one (micro-)batch
         return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
 
-    # ---------------- storage: observations normalised on the host (into a pinned buffer on a GPU), the rest on device
-    obs_host = torch.zeros((args.num_steps, args.num_envs, obs_dim), pin_memory=device.type == "cuda")
-    obs_buf = obs_host if device.type == "cpu" else torch.zeros_like(obs_host, device=device)
-    obs_np = obs_host.numpy()
+    # ---------------- storage: the rollout on the device
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     # the update's inputs keep their addresses from one iteration to the next (a captured graph reads them there)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros_like(logprobs)
     advantages = torch.zeros_like(logprobs)
     returns = torch.zeros_like(logprobs)
-    b_obs = obs_buf.view(-1, obs_dim)
+    b_obs = obs.view(-1, obs_dim)
     b_actions = actions.view(-1, act_dim)
     b_logprobs, b_values, b_advantages, b_returns = (x.view(-1) for x in (logprobs, values, advantages, returns))
     nb = (obs_dim + act_dim + 5) * 4  # bytes per transition
@@ -483,11 +621,8 @@ if __name__ == "__main__":
     )
 
     # ---------------- training loop
-    next_obs_n = obs_rms.normalize(envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)[0], True)
-    next_done = np.zeros(args.num_envs, dtype=np.float32)
-    ep_return = np.zeros(args.num_envs)
-    ep_length = np.zeros(args.num_envs, dtype=np.int64)
-    discounted = np.zeros(args.num_envs)  # the discounted return that scales the rewards
+    next_obs = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)
+    next_done = torch.zeros(args.num_envs, device=device)
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, num_iterations + 1):
         iteration_start = time.perf_counter()
@@ -500,38 +635,18 @@ if __name__ == "__main__":
             std = agent.actor_logstd.exp()  # once per rollout: the policy does not change during it
             for step in range(args.num_steps):
                 global_step += args.num_envs
-                obs_np[step] = next_obs_n
+                obs[step] = next_obs
                 dones[step] = next_done
-                obs_t = obs_host[step] if device.type == "cpu" else obs_buf[step].copy_(obs_host[step], True)
-                actions[step] = policy_step(obs_t, std * noise[step])
-                action = np.clip(actions[step].cpu().numpy(), act_low, act_high)
-                next_obs, reward, terminated, truncated, infos = envs.step(action)
-                done = np.logical_or(terminated, truncated)
-                ep_return += reward
-                ep_length += 1
-                discounted = discounted * args.gamma + reward
-                ret_rms.update(discounted)
-                rewards[step] = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -10.0, 10.0)
-                next_obs_n = obs_rms.normalize(next_obs, True)
-                next_done = done.astype(np.float32)
-                if done.any():
-                    cut = np.nonzero(truncated & ~terminated)[0]
-                    if len(cut):  # a time limit, not the end of the episode: bootstrap from its last observation
-                        final = obs_rms.normalize(np.stack([infos["final_obs"][i] for i in cut]), False)
-                        v = agent.value(torch.as_tensor(final, dtype=torch.float32, device=device))
-                        rewards[step, cut] += args.gamma * v.cpu().numpy()
-                    for i in np.nonzero(done)[0]:
-                        run.log_episode(ep_return[i], ep_length[i], global_step)
-                    ep_return[done] = 0.0
-                    ep_length[done] = 0
-                    discounted[done] = 0.0
+                actions[step] = policy_step(next_obs, std * noise[step])
+                next_obs, rewards[step], next_done = envs.step(actions[step], agent.value, global_step)
+            for step, episodic_return, length in envs.finished():
+                run.log_episode(episodic_return, length, step)
 
             # ---------------- advantages: values and log-probs in one batched pass each (the policy did not change)
             b_values.copy_(agent.value(b_obs))
-            next_value = agent.value(torch.as_tensor(next_obs_n, dtype=torch.float32, device=device))
+            next_value = agent.value(next_obs)
             logprobs.copy_((-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1) - LOG_2PI_HALF * act_dim)
-            rewards_t, dones_t, next_done_t = (torch.as_tensor(x, device=device) for x in (rewards, dones, next_done))
-            gae = compute_gae(rewards_t, values, dones_t, next_value, next_done_t, args.gamma, args.gae_lambda)
+            gae = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             advantages.copy_(gae[0])
             returns.copy_(gae[1])
 
@@ -567,16 +682,14 @@ if __name__ == "__main__":
         finished = iteration == num_iterations
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
             state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), rng=[gpu_utils.rng_state(device)])
-            state |= dict(
-                iteration=iteration, global_step=global_step, obs_rms=obs_rms.state(), ret_rms=ret_rms.state()
-            )
+            state |= dict(iteration=iteration, global_step=global_step, **envs.state())
             run.checkpoint(state, finished, stopping)
         if stopping:
             break
 
     # ---------------- end of the run
     if not diverged and iteration == num_iterations:
-        run.save_model(dict(model=agent.state_dict(), obs_rms=obs_rms.state()))
+        run.save_model(dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state()))
     run.close(global_step, diverged)
     envs.close()
     run.exit(diverged, global_step)
