@@ -2,11 +2,10 @@
 
     python benchmark/report.py runs/ --out benchmark/results/
 
-Runs (``<env>__<exp_name>__<seed>__<time>``) are grouped by script (exp_name) and env. A run's return is the mean of
+Runs (``<env>__<exp_name>__<seed>__<time>``) are grouped by script (exp_name) and env: a run's return is the mean of
 its last --last-n episodes, a group's the mean ± std over seeds, SPS the median of ``charts/SPS``. A run continued
-with --resume has an event file per process (a segment, named by the "device" it logged), ordered by the step it
-starts at (not by clocks); what one logged past the step the next resumed from was lost and is left out. The status
-comes from ``checkpoint.pt``, the folder's lock (running) or the age of the last event (running, then stale).
+with --resume has an event file per process (a segment), ordered by the step it starts at; what one logged past the
+step the next resumed from was lost and is left out. The status: ``checkpoint.pt``, the folder's lock, the last event.
 """
 
 from __future__ import annotations
@@ -46,13 +45,12 @@ STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a
     "charts/learning_rate": "learning rate",
 }
 DASH = "-"
+SMOOTH = 20  # episodes in the curves' moving average
 Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> [(step, wall time, value)]
 
 
 @dataclass
-class Segment:
-    """One process's part of a run (a fresh start or a --resume): one event file."""
-
+class Segment:  # one process's part of a run (a fresh start or a --resume): one event file
     device: str
     start_step: int
     last_step: int = 0  # the last step it logged and kept
@@ -93,7 +91,7 @@ class Run:
         return float(np.mean(self.returns[-last_n:])) if self.episodes else None
 
     def status(self, now: float, recent_s: float, long: bool = False) -> str:
-        """done | stopped | diverged | running | stale, with how far it got; long: what to do about it."""
+        """done | stopped | diverged | running | stale, with how far it got (``long``: and what to do about it)."""
         step, total = max(self.last_step, self.checkpoint_step), self.total_timesteps
         at = f"{math.floor(100.0 * step / total)}%" if total else f"step {step:,}"
         resume = f"resume with --resume {self.checkpoint}" if self.checkpoint else ""
@@ -117,8 +115,7 @@ class Run:
 
 
 def read_event_file(file: str) -> tuple[Scalars, dict[str, str]]:
-    """One event file's scalars (tag -> [(step, wall_time, value)]) and texts (tag -> text): the repository's one
-    reader of TensorBoard files (speed.py and tune.py read through it)."""
+    """One event file's scalars and texts (tag -> text): the one reader of TensorBoard files (speed.py's, tune.py's)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(file, size_guidance={"scalars": 0, "tensors": 0})
@@ -192,8 +189,8 @@ def parse_hparams(text: str) -> dict[str, str]:
 
 
 def read_checkpoint(run: Run) -> None:
-    """Status, step and total from the run's checkpoint.pt, read as data only (a pickle that would run code is
-    refused); an unreadable one leaves the status to the event files."""
+    """Status, step and total from the run's checkpoint.pt (as data only); an unreadable one leaves the status to the
+    event files."""
     path = os.path.join(run.path, "checkpoint.pt")
     if not os.path.isfile(path):
         return
@@ -212,7 +209,7 @@ def read_checkpoint(run: Run) -> None:
 
 
 @dataclass
-class Reference:
+class Reference:  # a published score
     score: str
     source: str
     their_env: str  # the environment they measured on, e.g. BreakoutNoFrameskip-v4
@@ -251,8 +248,7 @@ def fmt_time(seconds: float) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def fmt_steps(step: float) -> str:
-    """Steps in a band's label: 2.5M, 640k, 900."""
+def fmt_steps(step: float) -> str:  # 2.5M, 640k, 900
     return f"{step / 1e6:.3g}M" if step >= 1e6 else f"{step / 1e3:.3g}k" if step >= 1e3 else f"{step:.3g}"
 
 
@@ -263,8 +259,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def device_cells(runs: list[Run]) -> tuple[str, str]:
-    """The SPS and device cells: one figure and one name, or one of each per device ("4,059 / 370"), means over
-    the runs' medians."""
+    """The SPS and device cells: one figure and name, or one per device ("4,059 / 370"), means of the runs' medians."""
     devices = list(dict.fromkeys(seg.device for r in runs for seg in r.segments if seg.last_step >= seg.start_step))
     if len(devices) <= 1:
         sps = [r.sps for r in runs if r.sps is not None]
@@ -330,7 +325,7 @@ def segments_section(runs: list[Run]) -> list[str]:
 
 
 def band_means(values: np.ndarray, edges: np.ndarray) -> list[float | None]:
-    """The mean of the values logged at steps in each band (lo, hi] of ``edges``; None for a band with none."""
+    """The mean of the (step, value) rows in each band (lo, hi] of ``edges``; None for a band with none."""
     means = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         inside = (values[:, 0] > lo) & (values[:, 0] <= hi)
@@ -366,7 +361,6 @@ def stats_section(runs: list[Run]) -> list[str]:
 
 
 def references_section(envs: list[str], refs: dict[str, list[Reference]]) -> list[str]:
-    """Each env's references side by side: which environment each was measured on, and its protocol."""
     rows = [
         [env, r.score, f"[{r.source}]({r.url})" if r.url else r.source]
         + ["same as ours" if r.same_env(env) else f"{r.their_env} (not ours)", r.protocol or DASH]
@@ -441,10 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for report.md and the PNGs")
     p.add_argument("--refs", default=os.path.join(HERE, "reference_scores.csv"), help="reference scores ('': none)")
     p.add_argument("--last-n", type=count(1), default=100, help="episodes averaged at the end of each run")
-    p.add_argument("--smooth", type=count(1), default=20, help="episodes in the curves' moving average")
     p.add_argument("--running-window", type=float, default=600, help="seconds after its last event a run is running")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
-    p.add_argument("--filter", default="", help="only runs whose folder name contains this text")
     try:  # a bad argument is a SweepError, a ValueError: one line
         a = p.parse_args(argv)
         if not os.path.isdir(a.runs_dir):
@@ -454,8 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
             why = "no such file" if isinstance(exc, FileNotFoundError) else exc
             raise ValueError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
-        folders = [d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files)]
-        folders = sorted(d for d in folders if a.filter in os.path.basename(d))
+        folders = sorted(d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files))
         loaded = {d: load_run(d) for d in folders}
         runs = [run for run in loaded.values() if run]
         if not runs:
@@ -469,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     body = [f"# Results from `{a.runs_dir}`", "", f"Generated {generated}.", "", table]
     body += [] if a.no_plots else ["## Learning curves\n"]
     for env in [] if a.no_plots else sorted({r.env for r in runs}):
-        path = plot_env(env, [r for r in runs if r.env == env], a.out, a.smooth)
+        path = plot_env(env, [r for r in runs if r.env == env], a.out, SMOOTH)
         body.append(f"![{env}]({os.path.basename(path)})\n" if path else f"{env}: no episodes yet\n")
     skipped = sorted(d for d, run in loaded.items() if run is None)
     if skipped:

@@ -7,9 +7,9 @@
     python benchmark/speed.py ceiling --mujoco-envs 64 --mjx-envs 4096   # the environments alone
 
 A training run gets a step budget in a temporary folder and SIGTERM past --timeout; its SPS is the median of its
-``charts/SPS``, beside its CPU time and the GPU figures it logs. A run that fails shows as such with the end of its
-output, never as a number. A ceiling steps the envs alone with random actions for --seconds: the mean rate, resets
-included. The developers' before/after tables and runs at once are in dev/speed_dev.py.
+``charts/SPS``. A run that fails shows as such with the end of its output, never as a number. A ceiling steps the
+envs alone with random actions for --seconds: the mean rate, resets included; its wall time holds the envs' build
+and first step (MJX: a compilation, or a load from JAX's cache). dev/speed_dev.py has the developers' tables.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path[:0] = [p for p in (HERE, ROOT) if p not in sys.path]
 import report  # noqa: E402  (the one reader of event files)
 import sweep  # noqa: E402  (the one launcher of runs)
 from report import DASH, md_table  # noqa: E402
-from sweep import Parser  # noqa: E402  (one-line errors, as the sweep's)
+from sweep import Parser, count  # noqa: E402  (one-line errors, as the sweep's)
 from sweep import SweepError as UsageError  # noqa: E402
 
 import gpu_utils  # noqa: E402
@@ -211,9 +211,6 @@ def measure(settings: list[Setting], a, repeats: int = 1, budget_minutes: float 
         res.tail = "\n".join(r.tail for r in done if r.tail)
         results.append(res)
     return results
-
-
-# ---------------------------------------------------------------- the environments alone: (what, unit, rate) rows
 
 
 def env_rate(envs, actions, seconds: float) -> float:
@@ -397,9 +394,6 @@ def emit(text: str, a, stem: str) -> None:
         print(f"wrote {path}")
 
 
-# ---------------------------------------------------------------- what each mode runs
-
-
 def snake(n: int, windows: int, flags: tuple[str, ...] = ()) -> Setting:
     """dqn_snake_vec.py learning from its 10th vector step, SPS logged every 50 vector steps."""
     args = ["dqn_snake_vec.py", "--num-envs", str(n), "--learning-starts", str(10 * n), "--log-every", str(50 * n)]
@@ -435,7 +429,8 @@ def profile(name: str, cuda: bool) -> list[Setting]:
     return atari + cont[:2] + [snake(n, 8, flags) for n in (4096, 256, 65536) for flags in dqn] + cont[2:]
 
 
-# ---------------------------------------------------------------- the modes
+def selected(what: str, only: list[str] | None) -> bool:
+    return not only or any(o in what for o in only)
 
 
 def cmd_run(a, passthrough: list[str]) -> int:
@@ -478,57 +473,35 @@ def cmd_table(a, _passthrough) -> int:
     return 0 if all(r.ok or r.status.startswith("skipped") for r in results) else 1
 
 
-def selected(what: str, only: list[str] | None) -> bool:
-    return not only or any(o in what for o in only)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def positive(kind):
-    """An argparse type: a positive ``kind`` (int or float)."""
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    return parse
-
-
 def parser() -> Parser:
     p = Parser(prog="speed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True, parser_class=Parser)
     r = sub.add_parser("run", help="one script for a fixed step budget; arguments after -- go to the script")
     r.add_argument("script", help="ppo_atari.py, ppo_continuous.py, dqn_snake_vec.py or a baseline's path")
-    r.add_argument("--steps", type=positive(int), required=True, help="--total-timesteps for the run")
+    r.add_argument("--steps", type=count(1), required=True, help="--total-timesteps for the run")
     m = sub.add_parser("compare", help="ours against the CleanRL-style baseline at matched settings")
     m.add_argument("which", choices=["atari", "continuous"])
-    m.add_argument("--iterations", type=positive(int), default=5, help="iterations per run (the first is warm-up)")
-    m.add_argument("--repeats", type=positive(int), default=1, help="interleaved rounds of every setting")
+    m.add_argument("--iterations", type=count(1), default=5, help="iterations per run (the first is warm-up)")
+    m.add_argument("--repeats", type=count(1), default=1, help="interleaved rounds of every setting")
     t = sub.add_parser("table", help="the throughput table: the ceilings and the profile's training runs")
     t.add_argument("--profile", choices=["cpu", "gpu"], help="the rows (default: gpu where CUDA is present)")
-    t.add_argument("--scale", type=positive(float), default=1.0, help="multiply every step budget")
-    t.add_argument("--budget-minutes", type=float, help="start no run after this long (default: 8 gpu, none cpu)")
+    t.add_argument("--scale", type=count(0.01, float), default=1.0, help="multiply every step budget")
+    t.add_argument("--budget-minutes", type=count(0, float), help="start no run after this long (default: 8 gpu)")
     c = sub.add_parser("ceiling", help="the table's ceilings only")
     for sp in (t, c):
-        sp.add_argument("--seconds", type=positive(float), help="seconds per ceiling (default 5 cpu, 2 gpu)")
-        sp.add_argument("--atari-envs", type=positive(int), nargs="*", help="AtariVectorEnv sizes")
-        sp.add_argument("--async-envs", type=positive(int), nargs="*", help="AtariVectorEnv sizes in async halves")
-        sp.add_argument("--snake-sizes", type=positive(int), nargs="*", help="VecSnake sizes")
-        sp.add_argument("--mujoco-envs", type=positive(int), nargs="*", default=[], help="HalfCheetah vector envs")
-        sp.add_argument("--mjx-envs", type=positive(int), nargs="*", help="MJX worlds (default: 4096 gpu, none cpu)")
+        sp.add_argument("--seconds", type=count(0.1, float), help="seconds per ceiling (default 5 cpu, 2 gpu)")
+        sp.add_argument("--atari-envs", type=count(1), nargs="*", help="AtariVectorEnv sizes")
+        sp.add_argument("--async-envs", type=count(2), nargs="*", help="AtariVectorEnv sizes in async halves")
+        sp.add_argument("--snake-sizes", type=count(1), nargs="*", help="VecSnake sizes")
+        sp.add_argument("--mujoco-envs", type=count(1), nargs="*", default=[], help="HalfCheetah vector envs")
+        sp.add_argument("--mjx-envs", type=count(1), nargs="*", help="MJX worlds (default: 4096 gpu, none cpu)")
         sp.add_argument("--mjx-env-id", default="HalfCheetah-v5", help="the MJX task (docs/mjx.md)")
         sp.add_argument("--mjx-impl", choices=["jax", "warp"], default="jax", help="MJX's implementation")
     for sp in (m, t, c):
         sp.add_argument("--only", nargs="*", help="rows whose command or name contains one of these")
         sp.add_argument("--dry-run", action="store_true", help="print the rows, run nothing")
     for sp in (r, m, t, c):
-        sp.add_argument("--timeout", type=positive(float), default=240, help="seconds before a run is stopped")
+        sp.add_argument("--timeout", type=count(1, float), default=240, help="seconds before a run is stopped")
         sp.add_argument("--out", default=os.path.join(HERE, "results") if sp is t else "", help="folder for the table")
         sp.add_argument("--note", default="", help="a line under the machine (e.g. other load)")
         sp.add_argument("--host", default=os.environ.get("HOST_LABEL", socket.gethostname()), help="name in files")
@@ -555,8 +528,6 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in defaults.items():
             if getattr(a, name, None) is None:
                 setattr(a, name, value)
-        if a.budget_minutes < 0:
-            raise UsageError("--budget-minutes must be >= 0 (0: no limit)")
         return (cmd_run if a.mode == "run" else cmd_table)(a, passthrough)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -38,8 +38,12 @@ MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedP
 MUJOCO_MORE = "Swimmer-v5 Reacher-v5 Pusher-v5 InvertedDoublePendulum-v5 HumanoidStandup-v5"
 LISTS = ("--games", "--envs", "--presets", "--sizes", "--num-envs", "--seeds")  # white space separates items
 # flags after -- that the sweep sets itself, and what to use instead
-SET_BY_SWEEP = {"--seed": "--seeds", "--resume": "--resume-existing", "--session": "slots"}
-SET_BY_SWEEP["--cuda-offset"] = "CUDA_OFFSET"
+SET_BY_SWEEP = {
+    "--seed": "--seeds",
+    "--resume": "--resume-existing",
+    "--session": "slots",
+    "--cuda-offset": "CUDA_OFFSET",
+}
 GRID_FLAGS = {
     "ppo_atari": {"--env-id": "--games"},
     "ppo_continuous": {"--env-id": "--envs", "--preset": "--presets"},
@@ -70,9 +74,6 @@ def check_words(words: Sequence[str], where: str = "") -> None:
             raise SweepError(f"{flag}{where} {word!r} holds a control character ({c!r}); remove it")
 
 
-# ---------------------------------------------------------------- run ids and --resume-existing
-
-
 def run_id(env_tag: str, exp_name: str, seed: int | str) -> str:
     """``<env_tag>__<exp_name>__<seed>``, the scripts' run name without its unix time ("/" becomes "_")."""
     return f"{env_tag.replace('/', '_')}__{exp_name}__{seed}"
@@ -85,9 +86,7 @@ def parse_run_name(name: str) -> tuple[str, str, int, int] | None:
 
 
 class Decision(NamedTuple):
-    """What --resume-existing does with a run: fresh, resume (from checkpoint), skip, live or error."""
-
-    action: str
+    action: str  # what --resume-existing does with a run: fresh, resume (from checkpoint), skip, live or error
     checkpoint: str | None
     note: str
 
@@ -119,15 +118,10 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
     return Decision("skip" if status == "finished" else "resume", path, f"{status} at {where}: {path}")
 
 
-# ---------------------------------------------------------------- grids
-
-
 class Run(NamedTuple):
-    """One run of a sweep: a label for people, its run id, and the training script with its arguments."""
-
-    label: str
+    label: str  # for people
     run_id: str
-    args: tuple[str, ...]
+    args: tuple[str, ...]  # the training script and its arguments
 
 
 def flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -142,6 +136,7 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
 
 
 def parse_seeds(text: str) -> list[str]:
+    """--seeds' integers, as words."""
     for seed in [s for s in text.split() if not re.fullmatch(r"-?\d+", s)]:
         raise SweepError(f"seed '{seed}' is not an integer; use --seeds \"1 2 3\"")
     return text.split()
@@ -198,9 +193,6 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
         for s in settings
         for seed in seeds
     ]
-
-
-# ---------------------------------------------------------------- slots: GPUs and CPUs
 
 
 def cpu_ranges(cpus: Sequence[int]) -> str:
@@ -279,12 +271,10 @@ def slot_prefix(cpus: Sequence[int], pin: bool) -> list[str]:
     return threads + ["taskset", "-c", cpu_ranges(cpus)] if pin else threads
 
 
-def start_run(
-    command: Sequence[str], cpus: Sequence[int], pin: bool, log, die_with_parent: bool = False
-) -> subprocess.Popen:
+def start_run(command: Sequence[str], cpus: Sequence[int], pin: bool, log) -> subprocess.Popen:
     """Start one run from the repo root on ``cpus`` (as many OMP and MKL threads, pinned with taskset when ``pin``),
     its output to the open file ``log``, in its own session (a Ctrl-C reaches the engine, which passes one SIGTERM
-    on). With ``die_with_parent`` (Linux) it gets SIGTERM when the engine dies, even by SIGKILL, and so writes its
+    on). On Linux it gets SIGTERM when the thread that started it ends, even by SIGKILL, and so writes its
     checkpoint. Raises OSError when the command cannot start."""
     env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "MKL_NUM_THREADS": str(len(cpus))}
     parent = os.getpid()
@@ -296,21 +286,20 @@ def start_run(
         if os.getppid() != parent:  # the parent died before the request took effect
             os.kill(os.getpid(), signal.SIGTERM)
 
-    death_signal = term_with_parent if die_with_parent and sys.platform.startswith("linux") else None
+    death_signal = term_with_parent if sys.platform.startswith("linux") else None
     words = slot_prefix(cpus, pin)[2:] + list(command)
     files = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
     return subprocess.Popen(words, cwd=REPO_ROOT, env=env, **files, start_new_session=True, preexec_fn=death_signal)
 
 
-def start_logged(command: list[str], cpus: Sequence[int], pin: bool, log_path: str, die_with_parent: bool = False):
-    """start_run with its output appended to the file ``log_path``, after a line with the time and the whole command
-    (its thread variables and taskset included)."""
+def start_logged(command: list[str], cpus: Sequence[int], pin: bool, log_path: str) -> subprocess.Popen:
+    """start_run, its output appended to ``log_path`` after a line with the time and the whole command."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "a") as log:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         log.write(f"# {when}: {shlex.join(slot_prefix(cpus, pin) + command)}\n")
         log.flush()
-        return start_run(command, cpus, pin, log, die_with_parent)
+        return start_run(command, cpus, pin, log)
 
 
 class Stopper:
@@ -334,6 +323,7 @@ class Stopper:
 
 
 def term(proc: subprocess.Popen) -> None:
+    """SIGTERM to a run that still runs: it writes its checkpoint and exits."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
 
@@ -348,9 +338,6 @@ def outcome(rc: int, stopping: bool, resumed: str | None) -> tuple[str, str]:
         then = f"{resumed} is as it was" if resumed else "--resume-existing starts it afresh"
         return "stopped", f"before its first checkpoint; {then}"
     return ("ok", "exit code 0") if rc == 0 else ("failed", f"exit code {rc}")
-
-
-# ---------------------------------------------------------------- local sweeps
 
 
 def log_name(i: int, label: str) -> str:
@@ -411,12 +398,9 @@ def run_local(
     return 130 if stopper.stopping else 1 if counts["failed"] else 0
 
 
-# ---------------------------------------------------------------- SLURM
-
-
-def sbatch_header(name: str, tasks: int, log_dir: str, a: argparse.Namespace) -> list[str]:
-    """The #SBATCH lines of a job array of ``tasks`` tasks: its output to LOG_DIR/slurm, SIGTERM 120 s before the
-    time limit, and the SLURM options given, checked (they reach the script as they are)."""
+def sbatch_script(name: str, tasks: int, log_dir: str, a: argparse.Namespace, command: str, note: str) -> str:
+    """A job array of ``tasks`` tasks that each run ``command`` from the repo root: its output to LOG_DIR/slurm,
+    SIGTERM 120 s before the time limit, and the SLURM options given, checked (they reach the script as they are)."""
     for path in (log_dir, REPO_ROOT):
         if not SLURM_PATH_RE.fullmatch(path):
             raise SweepError(f"--slurm needs paths without spaces, % or quotes; '{path}' has some (pass --log-dir)")
@@ -430,7 +414,9 @@ def sbatch_header(name: str, tasks: int, log_dir: str, a: argparse.Namespace) ->
     lines += [f"#SBATCH --output={log_dir}/slurm/%A_%a.out", "#SBATCH --signal=B:TERM@120"]
     gres = f"gpu:{a.gpus_per_run}" if a.gpus_per_run else None
     options = {"partition": a.partition, "time": a.time, "gres": gres, "cpus-per-task": a.cpus_per_run, "mem": a.mem}
-    return lines + [f"#SBATCH --{flag}={value}" for flag, value in {**options, "account": a.account}.items() if value]
+    lines += [f"#SBATCH --{flag}={value}" for flag, value in {**options, "account": a.account}.items() if value]
+    lines += [f"# {note}", "set -u", f"cd {shlex.quote(REPO_ROOT)} || exit 2", f"exec {command}"]
+    return "\n".join(lines) + "\n"
 
 
 def submit(script: str, path: str, sbatch_args: Sequence[str], dry_run: bool) -> str | None:
@@ -460,17 +446,18 @@ def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: ar
     spec_path = os.path.join(log_dir, f"{grid}.json")
     entries = [{**r._asdict(), "args": [*r.args, *tail], "log": log_name(i, r.label)} for i, r in enumerate(runs)]
     spec = {"python": python, "log_dir": log_dir, "resume_existing": a.resume_existing}
-    task = f'benchmark/sweep.py task {shlex.quote(spec_path)} "${{SLURM_ARRAY_TASK_ID:-}}"'
-    lines = sbatch_header(grid, len(runs), log_dir, a)
-    lines += [f"# task i runs run i of {spec_path}; RESUME_EXISTING=1 sbatch THIS_FILE continues a stopped sweep"]
-    lines += ["set -u", f"cd {shlex.quote(REPO_ROOT)} || exit 2", f"exec {shlex.quote(sys.executable)} {task}"]
+    task = (
+        f'{shlex.quote(sys.executable)} benchmark/sweep.py task {shlex.quote(spec_path)} "${{SLURM_ARRAY_TASK_ID:-}}"'
+    )
+    note = f"task i runs run i of {spec_path}; RESUME_EXISTING=1 sbatch THIS_FILE continues a stopped sweep"
     for i, (run, entry) in enumerate(zip(runs, entries)):
         say(f"[task {i}] {run.label}: {shlex.join(entry['args'])}")
     if not a.dry_run:
         os.makedirs(log_dir, exist_ok=True)
         with open(spec_path, "w") as f:
             json.dump({**spec, "runs": entries}, f, indent=1)
-    submit("\n".join(lines) + "\n", os.path.join(log_dir, f"{grid}.sbatch"), a.sbatch_args, a.dry_run)
+    script = sbatch_script(grid, len(runs), log_dir, a, task, note)
+    submit(script, os.path.join(log_dir, f"{grid}.sbatch"), a.sbatch_args, a.dry_run)
     return 0
 
 
@@ -502,29 +489,28 @@ def run_task(spec_path: str, index: str) -> int:
     return run_local([run], commands, [slot], False, [os.path.join(spec["log_dir"], entry["log"])], results)
 
 
-# ---------------------------------------------------------------- command line
-
-
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (a SweepError)."""
-
     def error(self, message: str) -> None:  # type: ignore[override]
         raise SweepError(message + ("; arguments for the runs go after --" if "unrecognized" in message else ""))
 
 
-def count(minimum: int):
-    """An argparse type: an integer of at least ``minimum``."""
+def count(minimum: float, kind: type = int):
+    """An argparse type: a number of ``kind`` (int or float) of at least ``minimum``."""
 
-    def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer of at least {minimum}, got '{text}'")
-        return int(text)
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum:g}, got '{text}'")
+        return value
 
     return parse
 
 
 def add_slot_options(p: argparse.ArgumentParser) -> None:
-    """Runs at once here (the sweep's and tune.py's)."""
     g = p.add_argument_group("runs at once here (on the CPUs this process may use: taskset -c LIST picks them)")
     g.add_argument("--jobs-per-gpu", type=count(1), help="runs sharing one GPU at once (default 1)")
     g.add_argument("--jobs", type=count(1), help="runs at once without GPUs (default 1)")
@@ -532,7 +518,6 @@ def add_slot_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_slurm_options(p: argparse.ArgumentParser, per: str) -> None:
-    """SLURM's options for a job array (the sweep's and tune.py's)."""
     g = p.add_argument_group(f"SLURM (a job array; --cpus-per-run is --cpus-per-task; per {per})")
     g.add_argument("--slurm", action="store_true", help="write the sbatch script and submit it")
     g.add_argument("--partition", help="sbatch --partition")
@@ -545,7 +530,6 @@ def add_slurm_options(p: argparse.ArgumentParser, per: str) -> None:
 
 
 def check_modes(a: argparse.Namespace) -> None:
-    """Local options without --slurm, SLURM options with it."""
     if a.slurm and (a.jobs or a.jobs_per_gpu):
         raise SweepError("--jobs and --jobs-per-gpu are for runs here; under --slurm use --max-parallel")
     for option in [f for f in SLURM_ONLY if getattr(a, f) not in (None, [])][:1] if not a.slurm else []:

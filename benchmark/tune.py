@@ -54,15 +54,9 @@ def say(text: str) -> None:
     print(f"[tune] {text}", flush=True)
 
 
-# ---------------------------------------------------------------- the search space, from the script's Args
-
-
-class Field(NamedTuple):
-    """A field of the script's Args: its flag, kind (float, int, bool or str; tyro checks a Literal's values when a
-    run starts) and default."""
-
+class Field(NamedTuple):  # a field of the script's Args
     flag: str
-    kind: str
+    kind: str  # float, int, bool or str (tyro checks a Literal's values when a run starts)
     default: object
 
 
@@ -96,7 +90,6 @@ def find_field(name: str, fields: dict[str, Field], script: str) -> Field:
 
 
 def convert(text: str, f: Field, what: str) -> object:
-    """A value of the field's kind from its text (3e-4, 128, true)."""
     kinds = {"bool": lambda t: {"true": True, "false": False}[t.lower()], "int": int, "float": float, "str": str}
     try:
         return kinds[f.kind](text.strip())
@@ -158,9 +151,6 @@ def value_args(config: dict, values: dict) -> list[str]:
     return words + config["args"]
 
 
-# ---------------------------------------------------------------- a trial's runs and its value
-
-
 @dataclass
 class TrialRun:
     """One run (env x seed) of a trial: its command, log and folder, and the returns in its event files."""
@@ -213,11 +203,7 @@ def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> 
     return value, score
 
 
-# ---------------------------------------------------------------- the study in its storage
-
-
-def open_storage(url: str):
-    """A journal file (a path) or an RDB URL (sqlite:///path, postgresql://...)."""
+def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///path, postgresql://...)
     try:
         if "://" in url:
             timeout = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
@@ -228,8 +214,7 @@ def open_storage(url: str):
         raise SweepError(f"cannot open storage {url}: {(str(exc).splitlines() or [repr(exc)])[0][:200]}") from None
 
 
-def report_steps(config: dict) -> list[int]:
-    """The steps at which a trial reports its value so far (the last one is its value)."""
+def report_steps(config: dict) -> list[int]:  # where a trial reports its value so far (the last: its value)
     interval = config["total_timesteps"] // config["reports"]
     return [interval * k for k in range(1, config["reports"])] if interval else []
 
@@ -290,9 +275,6 @@ def recover_stale(study, stale_after: float) -> None:
             say(f"trial {t.number} was left RUNNING by a tuner gone quiet for {stale_after:g} s: queued again")
 
 
-# ---------------------------------------------------------------- a worker: Optuna's trials in the slots
-
-
 class Worker:
     """Runs trials of one study here, a thread per slot taking one trial at a time, until the study has its trials or
     a signal stops it. A trial's runs (envs x seeds) run together on its slot's GPU and share its CPUs."""
@@ -305,8 +287,7 @@ class Worker:
         task = os.environ.get("SLURM_ARRAY_TASK_ID")
         self.worker = f"slurm {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}" if task else f"local pid {os.getpid()}"
 
-    def run(self) -> int:
-        """The slots' threads until they end (this thread takes the signals); 130 when a signal stopped them."""
+    def run(self) -> int:  # the slots' threads until they end (this thread takes the signals)
         self.stopper = sweep.Stopper()
         threads = [threading.Thread(target=self.loop, args=(slot,)) for slot in self.slots]
         for thread in threads:
@@ -364,7 +345,7 @@ class Worker:
         for r, cpus in zip(runs, gpu_utils.split_cpus(slot.cpus, len(runs))):
             if not r.outcome and not self.stopper.stopping:  # on the slot's GPU, and CPUs of its own
                 command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
-                r.proc = sweep.start_logged(command, cpus, self.pin, r.log, die_with_parent=True)
+                r.proc = sweep.start_logged(command, cpus, self.pin, r.log)
                 self.stopper.started(r.proc)
         end, reported, beat = "", set(), time.time()
         while any(r.proc is not None and not r.outcome for r in runs):
@@ -411,9 +392,6 @@ class Worker:
         return runs
 
 
-# ---------------------------------------------------------------- the report
-
-
 def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     """The best trials as a table with their commands, printed and in report.md, beside history.png, importances.png
     and intermediate.png (each trial's curve as the pruner saw it)."""
@@ -454,9 +432,6 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(text) + "\n")
     say(f"report: {os.path.join(out_dir, 'report.md')}, {len(figures)} plots")
-
-
-# ---------------------------------------------------------------- command line
 
 
 def build_parser() -> sweep.Parser:
@@ -538,10 +513,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
             attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
             attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
-            lines = sweep.sbatch_header(f"tune-{a.study_name}", a.workers, log_dir, a)
-            lines += ["set -u", f"cd {shlex.quote(sweep.REPO_ROOT)} || exit 2", f"exec {shlex.join(attach)}", ""]
+            note = f"each task: one more worker on study {a.study_name}"
+            script = sweep.sbatch_script(f"tune-{a.study_name}", a.workers, log_dir, a, shlex.join(attach), note)
         if a.slurm and a.dry_run:
-            sweep.submit("\n".join(lines), os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
+            sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
             return 0
         storage_obj = open_storage(storage)
         if enqueued is not None and a.study_name not in optuna.get_all_study_names(storage_obj):
@@ -555,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             write_report(study, config, storage, os.path.abspath(a.out or log_dir))
             return 0
         if a.slurm:
-            sweep.submit("\n".join(lines), os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
+            sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
             say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
             return 0
         say(f"study {a.study_name} in {storage}: {config['trials']} trials of {config['script']}; logs in {log_dir}")

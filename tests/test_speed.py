@@ -111,11 +111,11 @@ def test_tiny_run_of_each_script_and_baseline():
 
 def test_bad_input_one_line_errors(monkeypatch, capsys):
     for args, words in [
-        (["table", "--scale", "0"], "must be positive"),
+        (["table", "--scale", "0"], "--scale: must be a number of at least 0.01"),
         (["run", "nosuch.py", "--steps", "5"], "not found"),
         (["compare", "bogus"], "invalid choice"),
         (["table", "--", "--x"], "for `run` only"),
-        (["table", "--budget-minutes", "-1"], "--budget-minutes must be >= 0"),
+        (["table", "--budget-minutes", "-1"], "--budget-minutes: must be a number of at least 0"),
         (["nope"], "invalid choice"),
     ]:
         rc, _, err = cli(monkeypatch, capsys, *args)
