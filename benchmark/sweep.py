@@ -38,12 +38,8 @@ MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedP
 MUJOCO_MORE = "Swimmer-v5 Reacher-v5 Pusher-v5 InvertedDoublePendulum-v5 HumanoidStandup-v5"
 LISTS = ("--games", "--envs", "--presets", "--sizes", "--num-envs", "--seeds")  # white space separates items
 # flags after -- that the sweep sets itself, and what to use instead
-SET_BY_SWEEP = {
-    "--seed": "--seeds",
-    "--resume": "--resume-existing",
-    "--session": "slots",
-    "--cuda-offset": "CUDA_OFFSET",
-}
+SET_BY_SWEEP = {"--seed": "--seeds", "--resume": "--resume-existing", "--session": "slots"}
+SET_BY_SWEEP["--cuda-offset"] = "CUDA_OFFSET"
 GRID_FLAGS = {
     "ppo_atari": {"--env-id": "--games"},
     "ppo_continuous": {"--env-id": "--envs", "--preset": "--presets"},
@@ -446,9 +442,7 @@ def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: ar
     spec_path = os.path.join(log_dir, f"{grid}.json")
     entries = [{**r._asdict(), "args": [*r.args, *tail], "log": log_name(i, r.label)} for i, r in enumerate(runs)]
     spec = {"python": python, "log_dir": log_dir, "resume_existing": a.resume_existing}
-    task = (
-        f'{shlex.quote(sys.executable)} benchmark/sweep.py task {shlex.quote(spec_path)} "${{SLURM_ARRAY_TASK_ID:-}}"'
-    )
+    task = shlex.join([sys.executable, "benchmark/sweep.py", "task", spec_path]) + ' "${SLURM_ARRAY_TASK_ID:-}"'
     note = f"task i runs run i of {spec_path}; RESUME_EXISTING=1 sbatch THIS_FILE continues a stopped sweep"
     for i, (run, entry) in enumerate(zip(runs, entries)):
         say(f"[task {i}] {run.label}: {shlex.join(entry['args'])}")
@@ -489,7 +483,7 @@ def run_task(spec_path: str, index: str) -> int:
     return run_local([run], commands, [slot], False, [os.path.join(spec["log_dir"], entry["log"])], results)
 
 
-class Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):  # its errors are one line: a SweepError
     def error(self, message: str) -> None:  # type: ignore[override]
         raise SweepError(message + ("; arguments for the runs go after --" if "unrecognized" in message else ""))
 
@@ -502,7 +496,7 @@ def count(minimum: float, kind: type = int):
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or value < minimum:
+        if value is None or not value >= minimum:  # NaN too
             what = "an integer" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum:g}, got '{text}'")
         return value

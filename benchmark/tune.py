@@ -39,7 +39,6 @@ import sweep  # noqa: E402  (slots, the launcher, SLURM; puts the repo root on s
 from sweep import SweepError  # noqa: E402
 
 import gpu_utils  # noqa: E402
-import run_utils  # noqa: E402
 
 RUNS_DIR = os.path.join(sweep.REPO_ROOT, "runs")
 # fields the tuner sets, with what to use instead, and fields that say how a run goes rather than what it learns
@@ -165,28 +164,26 @@ class TrialRun:
     outcome: str = ""  # finished, stopped, or why it failed; "" before it ended
     returns: list = field(default_factory=list)  # (step, return) of its finished episodes, in order
     last_step: int = 0
+    status: str | None = None  # its checkpoint's
     sizes: tuple = ()  # the event files' sizes when last read
 
     def read(self) -> None:
-        """Read its folder again when its event files grew, as report.py does: a resumed run has one per process, and
-        what a process logged past the step the next one resumed from was done again and is left out."""
+        """Its folder through report.load_run again when its event files grew (a resumed run has one per process)."""
         found = sorted(glob.glob(os.path.join(RUNS_DIR, self.pattern)))
         self.run_dir = self.run_dir or (found[-1] if found else None)
         files = sorted(glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*"))) if self.run_dir else []
         if files and tuple(map(os.path.getsize, files)) != self.sizes:
             self.sizes, run = tuple(map(os.path.getsize, files)), report.load_run(self.run_dir)
             self.returns, self.last_step = list(zip(run.steps.tolist(), run.returns.tolist())), run.last_step
+            self.status = run.checkpoint_status
 
     def ended(self, stopping: bool) -> str:
         """Its outcome once its process exited: finished as its checkpoint says, stopped by a signal, or failed."""
+        self.sizes = ()  # its last checkpoint came after its last event
         self.read()
-        try:
-            status = run_utils.read_checkpoint(os.path.join(self.run_dir or "", "checkpoint.pt")).get("status")
-        except (OSError, run_utils.CheckpointError) as exc:
-            status = f"unreadable: {exc}"
-        if status == "finished" or stopping:
-            return "finished" if status == "finished" else "stopped"
-        return f"a run exited with code {self.proc.returncode} (checkpoint {status}): see {self.log}"
+        if self.status == "finished" or stopping:
+            return "finished" if self.status == "finished" else "stopped"
+        return f"a run exited with code {self.proc.returncode} (checkpoint {self.status}): see {self.log}"
 
 
 def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> tuple[float | None, dict[str, float]]:

@@ -67,7 +67,9 @@ def test_bad_requests_get_one_line_errors_that_say_what_to_do(monkeypatch):
     # without the extras: the hint to install them, and JAX was told not to preallocate before any import
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
     present = importlib.util.find_spec
-    monkeypatch.setattr(mjx_envs.importlib.util, "find_spec", lambda name: None if name in ("jax", "mujoco.mjx") else present(name))
+    monkeypatch.setattr(
+        mjx_envs.importlib.util, "find_spec", lambda name: None if name in ("jax", "mujoco.mjx") else present(name)
+    )
     with pytest.raises(ImportError) as missing:
         MJXVectorEnv("Hopper-v5", 4)
     assert str(missing.value) == 'MJX envs need jax and mujoco.mjx: pip install -e ".[mjx]"'
