@@ -8,8 +8,8 @@
 
 A training run gets a step budget in a temporary folder and SIGTERM past --timeout; its SPS is the median of its
 ``charts/SPS``. A run that fails shows as such with the end of its output, never as a number. A ceiling steps the
-envs alone with random actions for --seconds: the mean rate, resets included; its wall time holds the envs' build
-and first step (MJX: a compilation, or a load from JAX's cache). dev/speed_dev.py has the developers' tables.
+envs alone with random actions for --seconds: the mean rate, resets included; its wall time less --seconds is the
+envs' build and first steps (MJX: a compilation, or a load from JAX's cache). dev/speed_dev.py: the developers'.
 """
 
 from __future__ import annotations
