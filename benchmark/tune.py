@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import csv
 import difflib
 import glob
 import math
@@ -472,18 +471,18 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     unknown = sweep.unknown_env_ids(envs) if "env_id" in fields else envs
     if unknown:
         raise SweepError(f"unknown env id {unknown[0]} for {a.script}; use gymnasium's ids, e.g. --envs Hopper-v5")
-    references: dict[str, list[float]] = {}  # several envs: each score is divided by the mean published one
-    with open(os.path.join(BENCH, "reference_scores.csv"), newline="") as f:
-        for row in [row for row in csv.DictReader(f) if row["env"] in envs and len(envs) > 1]:
-            references.setdefault(row["env"], []).append(float(row["score"]))
-    for env in [env for env in envs if env not in references and len(envs) > 1]:
-        raise SweepError(f"no reference score for {env} to normalise it by; add one to benchmark/reference_scores.csv")
+    published, references = report.load_references(os.path.join(BENCH, "reference_scores.csv")), {}
+    for env in envs if len(envs) > 1 else []:  # each env's score is divided by its mean published one
+        scores = [float(r.score) for r in published.get(env.replace("/", "_"), [])]
+        if not scores:
+            raise SweepError(f"no reference score for {env} to normalise it by in benchmark/reference_scores.csv")
+        references[env] = sum(scores) / len(scores)
     total = sweep.flag_value(passthrough, "--total-timesteps") or getattr(fields.get("total_timesteps"), "default", "")
     if not str(total).isdigit() or not 0 <= a.prune_warmup < 1:
         raise SweepError(f"give --total-timesteps after -- (not {total}) and a --prune-warmup in [0, 1)")
     config = {"script": a.script, "params": a.param, "envs": envs, "seeds": sweep.parse_seeds(a.seeds)}
     config |= {"args": passthrough, "total_timesteps": int(total), "last_episodes": a.last_episodes}
-    config |= {"references": {env: sum(s) / len(s) for env, s in references.items()}, "reports": a.reports}
+    config |= {"references": references, "reports": a.reports}
     config |= {"pruner": a.pruner, "prune_warmup": a.prune_warmup, "prune_startup": a.prune_startup}
     config |= {"sampler_seed": a.sampler_seed, "trials": a.trials}
     return config, [parse_enqueue(text, space, fields, a.script) for text in a.enqueue]
