@@ -487,9 +487,7 @@ def parser() -> Parser:
     t.add_argument("--profile", choices=["cpu", "gpu"], help="the rows (default: gpu where CUDA is present)")
     t.add_argument("--scale", type=count(0.01, float), default=1.0, help="multiply every step budget")
     t.add_argument(
-        "--budget-minutes",
-        type=count(0, float),
-        help="start no run after this long (0: no limit; default 8 gpu, 0 cpu)",
+        "--budget-minutes", type=count(0, float), help="start no run after this long (default: 8 gpu, 0 cpu)"
     )
     c = sub.add_parser("ceiling", help="the table's ceilings only")
     for sp in (t, c):
