@@ -486,9 +486,7 @@ def parser() -> Parser:
     t = sub.add_parser("table", help="the throughput table: the ceilings and the profile's training runs")
     t.add_argument("--profile", choices=["cpu", "gpu"], help="the rows (default: gpu where CUDA is present)")
     t.add_argument("--scale", type=count(0.01, float), default=1.0, help="multiply every step budget")
-    t.add_argument(
-        "--budget-minutes", type=count(0, float), help="start no run after this long (default: 8 gpu, 0 cpu)"
-    )
+    t.add_argument("--budget-minutes", type=count(0, float), help="start no run after this long (8 gpu, 0 cpu: none)")
     c = sub.add_parser("ceiling", help="the table's ceilings only")
     for sp in (t, c):
         sp.add_argument("--seconds", type=count(0.1, float), help="seconds per ceiling (default 5 cpu, 2 gpu)")
