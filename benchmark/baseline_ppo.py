@@ -3,14 +3,10 @@
     python benchmark/baseline_ppo.py --env-id ALE/Breakout-v5   # CleanRL's ppo_atari.py
     python benchmark/baseline_ppo.py --env-id HalfCheetah-v5    # CleanRL's ppo_continuous_action.py
 
-The usual single-file script: a gymnasium SyncVectorEnv over gym.make envs (a Python loop over them) with the usual
-per-env wrappers (Atari: SB3's no-op starts, max-and-skip 4, episodic life, FIRE on reset, reward clipping, 84x84,
-4 frames; MuJoCo: observation and reward normalisation and clipping), float32 rollout storage, per-step host-device
-copies, torch distributions, and CleanRL's networks, losses and each script's hyperparameters. Changed to run here:
-gymnasium 1.x (SameStep autoreset, the ``final_info`` layout, its port of SB3's MaxAndSkipEnv); ALE v5 ids (sticky
-actions, grayscale from ALE, frameskip=1 in gym.make so that the wrapper skips) and the resize done with Pillow
-(CleanRL's needs OpenCV, which this project does not install); ``charts/SPS`` logged per iteration from the second
-on, as our scripts log it (CleanRL logs a running mean). A speed baseline, not a training script to rely on.
+CleanRL's SyncVectorEnv over gym.make envs with its wrappers, float32 rollout storage, per-step host-device copies,
+networks, losses and hyperparameters. Changed to run here: gymnasium 1.x (SameStep autoreset, ``final_info``, its
+MaxAndSkipObservation), ALE v5 ids (sticky actions, grayscale, frameskip=1 for the wrapper to skip), the resize with
+Pillow (no OpenCV here), ``charts/SPS`` per iteration from the second on, as our scripts log it. Not for training.
 """
 
 import random

@@ -2,13 +2,10 @@
 
     python benchmark/report.py runs/ --out benchmark/results/
 
-Runs (folders ``<env>__<exp_name>__<seed>__<time>``) are grouped by script (exp_name) and env. A run's return is the
-mean of its last --last-n ``charts/episodic_return`` (Snake logs one mean per window), a group's the mean ± std over
-seeds; SPS is the median of ``charts/SPS``. A run continued with --resume has one event file per process (a segment,
-named by the "device" text it logged); segments are ordered by the step they start at, not by clocks that may
-disagree, and what one logged past the step the next resumed from was lost with it and is left out. The status comes
-from ``checkpoint.pt`` (finished, stopped with the --resume command, diverged), the folder's lock (running) or the age
-of the last event (running, then stale). Training statistics: means over each tenth of a run's budget.
+Runs (``<env>__<exp_name>__<seed>__<time>``) are grouped by script (exp_name) and env: a run's return is the mean of
+its last --last-n episodes, a group's the mean ± std over seeds, SPS the median of ``charts/SPS``. A run continued
+with --resume has an event file per process (a segment), ordered by the step it starts at; what one logged past the
+step the next resumed from was lost and is left out. The status: ``checkpoint.pt``, the folder's lock, the last event.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run_utils.py lives in the repository root, next to the training scripts
     sys.path.insert(0, ROOT)
 
-from sweep import parse_run_name  # noqa: E402  (the run-name convention <env>__<exp>__<seed>__<time>)
+from sweep import Parser, count, parse_run_name  # noqa: E402  (one-line errors; the run names <env>__<exp>__<seed>__<time>)
 
 import run_utils  # noqa: E402
 
@@ -48,13 +45,12 @@ STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a
     "charts/learning_rate": "learning rate",
 }
 DASH = "-"
+SMOOTH = 20  # episodes in the curves' moving average
 Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> [(step, wall time, value)]
 
 
 @dataclass
-class Segment:
-    """One process's part of a run (a fresh start or a --resume): one event file."""
-
+class Segment:  # one process's part of a run (a fresh start or a --resume): one event file
     device: str
     start_step: int
     last_step: int = 0  # the last step it logged and kept
@@ -94,13 +90,8 @@ class Run:
     def final_return(self, last_n: int) -> float | None:
         return float(np.mean(self.returns[-last_n:])) if self.episodes else None
 
-    def final_return_se(self, last_n: int) -> float | None:
-        """The standard error of final_return: how far one seed's mean may sit from its own expectation."""
-        last = self.returns[-last_n:]
-        return float(np.std(last, ddof=1) / np.sqrt(len(last))) if len(last) > 1 else None
-
     def status(self, now: float, recent_s: float, long: bool = False) -> str:
-        """done | stopped | diverged | running | stale, with how far it got; long: what to do about it."""
+        """done | stopped | diverged | running | stale, with how far it got (``long``: and what to do about it)."""
         step, total = max(self.last_step, self.checkpoint_step), self.total_timesteps
         at = f"{math.floor(100.0 * step / total)}%" if total else f"step {step:,}"
         resume = f"resume with --resume {self.checkpoint}" if self.checkpoint else ""
@@ -124,8 +115,7 @@ class Run:
 
 
 def read_event_file(file: str) -> tuple[Scalars, dict[str, str]]:
-    """One event file's scalars (tag -> [(step, wall_time, value)]) and texts (tag -> text): the repository's one
-    reader of TensorBoard files (speed.py and tune.py read through it)."""
+    """One event file's scalars and texts (tag -> text): the one reader of TensorBoard files (speed.py's, tune.py's)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(file, size_guidance={"scalars": 0, "tensors": 0})
@@ -140,41 +130,29 @@ def read_event_file(file: str) -> tuple[Scalars, dict[str, str]]:
     return {tag: events for tag, events in scalars.items() if events}, texts
 
 
-def event_files(folder: str) -> list[str]:
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.startswith("events.out.tfevents"))
-
-
-def segment_device(scalars: Scalars, texts: dict[str, str]) -> str:
-    if texts.get("device"):
-        return texts["device"].strip()
-    if any(tag.startswith("gpu/") or tag == "memory/peak_allocated_mib" for tag in scalars):
-        return "GPU (name not logged)"
-    return "not logged"
-
-
 def load_run(path: str) -> Run | None:
+    """A run folder's segments, returns, SPS, statistics and status; None for a folder not named as a run."""
     name = os.path.basename(os.path.normpath(path))
     parsed = parse_run_name(name)
     if parsed is None:
         return None
     run = Run(path, name, *parsed[:3])
-    parts = [read_event_file(file) for file in event_files(path)]
-    parts = [(scalars, texts) for scalars, texts in parts if scalars]  # a process that died before its first log
+    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.startswith("events.out.tfevents"))
+    parts = [(scalars, texts) for scalars, texts in map(read_event_file, files) if scalars]  # not one that died at once
     events = [[e for tag_events in scalars.values() for e in tag_events] for scalars, _ in parts]
     # a resumed process starts at its checkpoint's step: steps give the order, clocks only break ties
     order = sorted(range(len(parts)), key=lambda i: min((e[0], e[1]) for e in events[i]))
     starts = [min(e[0] for e in events[i]) for i in order]
     returns, sps, stats = [], {}, {}
-    for k, i in enumerate(order):
+    for i, start, keep_until in zip(order, starts, [*starts[1:], math.inf]):  # what came later was lost and redone
         scalars, texts = parts[i]
-        keep_until = starts[k + 1] if k + 1 < len(order) else math.inf  # what came later was lost and redone
         kept = {tag: [e for e in tag_events if e[0] <= keep_until] for tag, tag_events in scalars.items()}
-        kept_events = [e for tag_events in kept.values() for e in tag_events]
-        seg = Segment(segment_device(scalars, texts), starts[k])
+        kept_events = [e for tag_events in kept.values() for e in tag_events]  # its first event at least
+        gpu = any(tag.startswith("gpu/") or tag == "memory/peak_allocated_mib" for tag in scalars)
+        seg = Segment(texts.get("device", "").strip() or ("GPU (name not logged)" if gpu else "not logged"), start)
         seg.lost_steps = max(0, max(e[0] for e in events[i]) - keep_until)
-        if kept_events:
-            seg.last_step = max(e[0] for e in kept_events)
-            seg.wall_time = max(e[1] for e in kept_events) - min(e[1] for e in kept_events)
+        seg.last_step = max(e[0] for e in kept_events)
+        seg.wall_time = max(e[1] for e in kept_events) - min(e[1] for e in kept_events)
         run.last_event = max(run.last_event, max(e[1] for e in events[i]))  # a crash's last words count for "stale"
         returns += [(e[0], e[2]) for e in kept.get(RETURN_TAG, [])]
         seg.episodes = len(kept.get(RETURN_TAG, []))
@@ -211,8 +189,8 @@ def parse_hparams(text: str) -> dict[str, str]:
 
 
 def read_checkpoint(run: Run) -> None:
-    """Status, step and total from the run's checkpoint.pt, read as data only (a pickle that would run code is
-    refused); an unreadable one leaves the status to the event files."""
+    """Status, step and total from the run's checkpoint.pt (as data only); an unreadable one leaves the status to the
+    event files."""
     path = os.path.join(run.path, "checkpoint.pt")
     if not os.path.isfile(path):
         return
@@ -231,7 +209,7 @@ def read_checkpoint(run: Run) -> None:
 
 
 @dataclass
-class Reference:
+class Reference:  # a published score
     score: str
     source: str
     their_env: str  # the environment they measured on, e.g. BreakoutNoFrameskip-v4
@@ -270,8 +248,7 @@ def fmt_time(seconds: float) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
-def fmt_steps(step: float) -> str:
-    """Steps in a band's label: 2.5M, 640k, 900."""
+def fmt_steps(step: float) -> str:  # 2.5M, 640k, 900
     return f"{step / 1e6:.3g}M" if step >= 1e6 else f"{step / 1e3:.3g}k" if step >= 1e3 else f"{step:.3g}"
 
 
@@ -282,8 +259,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def device_cells(runs: list[Run]) -> tuple[str, str]:
-    """The SPS and device cells: one figure and one name, or one of each per device ("4,059 / 370"), means over
-    the runs' medians."""
+    """The SPS and device cells: one figure and name, or one per device ("4,059 / 370"), means of the runs' medians."""
     devices = list(dict.fromkeys(seg.device for r in runs for seg in r.segments if seg.last_step >= seg.start_step))
     if len(devices) <= 1:
         sps = [r.sps for r in runs if r.sps is not None]
@@ -319,8 +295,9 @@ def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, 
 def run_table(runs: list[Run], last_n: int, now: float, recent: float) -> list[str]:
     rows = []
     for r in runs:
-        se = r.final_return_se(last_n)
-        ret = fmt_num(r.final_return(last_n)) + ("" if se is None else f" ± {fmt_num(se)}")
+        last = r.returns[-last_n:]  # ± its standard error: how far one seed's mean may sit from its expectation
+        se = f" ± {fmt_num(float(np.std(last, ddof=1) / np.sqrt(len(last))))}" if len(last) > 1 else ""
+        ret = fmt_num(r.final_return(last_n)) + se
         sps, device = device_cells([r])
         rows.append([r.name, r.episodes, ret, f"{r.last_step:,}", fmt_time(r.wall_time), sps, device])
         rows[-1].append(r.status(now, recent, long=True))
@@ -348,7 +325,7 @@ def segments_section(runs: list[Run]) -> list[str]:
 
 
 def band_means(values: np.ndarray, edges: np.ndarray) -> list[float | None]:
-    """The mean of the values logged at steps in each band (lo, hi] of ``edges``; None for a band with none."""
+    """The mean of the (step, value) rows in each band (lo, hi] of ``edges``; None for a band with none."""
     means = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         inside = (values[:, 0] > lo) & (values[:, 0] <= hi)
@@ -384,7 +361,6 @@ def stats_section(runs: list[Run]) -> list[str]:
 
 
 def references_section(envs: list[str], refs: dict[str, list[Reference]]) -> list[str]:
-    """Each env's references side by side: which environment each was measured on, and its protocol."""
     rows = [
         [env, r.score, f"[{r.source}]({r.url})" if r.url else r.source]
         + ["same as ours" if r.same_env(env) else f"{r.their_env} (not ours)", r.protocol or DASH]
@@ -410,22 +386,22 @@ def curve_on_grid(runs: list[Run], grid: np.ndarray, smooth: int) -> np.ndarray:
     return rows
 
 
-def plot_env(env: str, groups: dict[str, list[Run]], out_dir: str, smooth: int) -> str | None:
-    """One PNG per env: each script's mean over seeds, solid where every seed has data, with a min-max band."""
+def plot_env(env: str, runs: list[Run], out_dir: str, smooth: int) -> str | None:
+    """The env's PNG: each script's mean over seeds, solid where every seed has data, with a min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    max_step = max((r.steps[-1] for runs in groups.values() for r in runs if r.episodes), default=0)
+    max_step = max((r.steps[-1] for r in runs if r.episodes), default=0)
     if max_step <= 0:
         return None
     grid = np.linspace(0, max_step, 200)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for exp, runs in sorted(groups.items()):
-        ys = curve_on_grid(runs, grid, smooth)
-        n = sum(r.episodes > 0 for r in runs)
+    for exp in sorted({r.exp for r in runs}):
+        ys = curve_on_grid([r for r in runs if r.exp == exp], grid, smooth)
+        n = sum(r.episodes > 0 for r in runs if r.exp == exp)
         with warnings.catch_warnings():  # a grid point no seed reached is a NaN, not a warning
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, lo, hi = np.nanmean(ys, 0), np.nanmin(ys, 0), np.nanmax(ys, 0)
@@ -454,28 +430,23 @@ def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs_dir", help="the folder of the run folders (runs/)")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for report.md and the PNGs")
     p.add_argument("--refs", default=os.path.join(HERE, "reference_scores.csv"), help="reference scores ('': none)")
-    p.add_argument("--last-n", type=int, default=100, help="episodes averaged at the end of each run")
-    p.add_argument("--smooth", type=int, default=20, help="episodes in the curves' moving average")
+    p.add_argument("--last-n", type=count(1), default=100, help="episodes averaged at the end of each run")
     p.add_argument("--running-window", type=float, default=600, help="seconds after its last event a run is running")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
-    p.add_argument("--filter", default="", help="only runs whose folder name contains this text")
-    a = p.parse_args(argv)
-    try:
+    try:  # a bad argument is a SweepError, a ValueError: one line
+        a = p.parse_args(argv)
         if not os.path.isdir(a.runs_dir):
             raise ValueError(f"runs directory '{a.runs_dir}' not found; pass the folder the scripts wrote (runs/)")
-        if a.last_n < 1 or a.smooth < 1:
-            raise ValueError("--last-n and --smooth must be >= 1")
         try:
             refs = load_references(a.refs)
         except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
             why = "no such file" if isinstance(exc, FileNotFoundError) else exc
             raise ValueError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
-        folders = [d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files)]
-        folders = sorted(d for d in folders if a.filter in os.path.basename(d))
+        folders = sorted(d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files))
         loaded = {d: load_run(d) for d in folders}
         runs = [run for run in loaded.values() if run]
         if not runs:
@@ -487,14 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     table = build_report(runs, refs, a.last_n, time.time(), a.running_window)
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = [f"# Results from `{a.runs_dir}`", "", f"Generated {generated}.", "", table]
-    if not a.no_plots:
-        by_env: dict[str, dict[str, list[Run]]] = {}
-        for r in runs:
-            by_env.setdefault(r.env, {}).setdefault(r.exp, []).append(r)
-        body.append("## Learning curves\n")
-        for env, groups in sorted(by_env.items()):
-            path = plot_env(env, groups, a.out, a.smooth)
-            body.append(f"![{env}]({os.path.basename(path)})\n" if path else f"{env}: no episodes yet\n")
+    body += [] if a.no_plots else ["## Learning curves\n"]
+    for env in [] if a.no_plots else sorted({r.env for r in runs}):
+        path = plot_env(env, [r for r in runs if r.env == env], a.out, SMOOTH)
+        body.append(f"![{env}]({os.path.basename(path)})\n" if path else f"{env}: no episodes yet\n")
     skipped = sorted(d for d, run in loaded.items() if run is None)
     if skipped:
         body.append("Skipped (name not env__exp__seed__timestamp): " + ", ".join(skipped) + "\n")

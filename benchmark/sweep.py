@@ -59,10 +59,6 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def check_words(words: Sequence[str], where: str = "") -> None:
     """What a user gives reaches command lines, logs and sbatch scripts, where a control character such as a newline
     would start a command: refused, naming its flag. A list (--games ...) may hold newlines between its items."""
@@ -72,9 +68,6 @@ def check_words(words: Sequence[str], where: str = "") -> None:
         c = next((c for c in text if unicodedata.category(c) == "Cc"), None)
         if c is not None:
             raise SweepError(f"{flag}{where} {word!r} holds a control character ({c!r}); remove it")
-
-
-# ---------------------------------------------------------------- run ids and --resume-existing
 
 
 def run_id(env_tag: str, exp_name: str, seed: int | str) -> str:
@@ -89,9 +82,7 @@ def parse_run_name(name: str) -> tuple[str, str, int, int] | None:
 
 
 class Decision(NamedTuple):
-    """What --resume-existing does with a run: fresh, resume (from checkpoint), skip, live or error."""
-
-    action: str
+    action: str  # what --resume-existing does with a run: fresh, resume (from checkpoint), skip, live or error
     checkpoint: str | None
     note: str
 
@@ -123,15 +114,10 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
     return Decision("skip" if status == "finished" else "resume", path, f"{status} at {where}: {path}")
 
 
-# ---------------------------------------------------------------- grids
-
-
 class Run(NamedTuple):
-    """One run of a sweep: a label for people, its run id, and the training script with its arguments."""
-
-    label: str
+    label: str  # for people
     run_id: str
-    args: tuple[str, ...]
+    args: tuple[str, ...]  # the training script and its arguments
 
 
 def flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -146,6 +132,7 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
 
 
 def parse_seeds(text: str) -> list[str]:
+    """--seeds' integers, as words."""
     for seed in [s for s in text.split() if not re.fullmatch(r"-?\d+", s)]:
         raise SweepError(f"seed '{seed}' is not an integer; use --seeds \"1 2 3\"")
     return text.split()
@@ -202,9 +189,6 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
         for s in settings
         for seed in seeds
     ]
-
-
-# ---------------------------------------------------------------- slots: GPUs and CPUs
 
 
 def cpu_ranges(cpus: Sequence[int]) -> str:
@@ -283,12 +267,10 @@ def slot_prefix(cpus: Sequence[int], pin: bool) -> list[str]:
     return threads + ["taskset", "-c", cpu_ranges(cpus)] if pin else threads
 
 
-def start_run(
-    command: Sequence[str], cpus: Sequence[int], pin: bool, log, die_with_parent: bool = False
-) -> subprocess.Popen:
+def start_run(command: Sequence[str], cpus: Sequence[int], pin: bool, log) -> subprocess.Popen:
     """Start one run from the repo root on ``cpus`` (as many OMP and MKL threads, pinned with taskset when ``pin``),
     its output to the open file ``log``, in its own session (a Ctrl-C reaches the engine, which passes one SIGTERM
-    on). With ``die_with_parent`` (Linux) it gets SIGTERM when the engine dies, even by SIGKILL, and so writes its
+    on). On Linux it gets SIGTERM when the thread that started it ends, even by SIGKILL, and so writes its
     checkpoint. Raises OSError when the command cannot start."""
     env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "MKL_NUM_THREADS": str(len(cpus))}
     parent = os.getpid()
@@ -300,10 +282,20 @@ def start_run(
         if os.getppid() != parent:  # the parent died before the request took effect
             os.kill(os.getpid(), signal.SIGTERM)
 
-    death_signal = term_with_parent if die_with_parent and sys.platform.startswith("linux") else None
+    death_signal = term_with_parent if sys.platform.startswith("linux") else None
     words = slot_prefix(cpus, pin)[2:] + list(command)
     files = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
     return subprocess.Popen(words, cwd=REPO_ROOT, env=env, **files, start_new_session=True, preexec_fn=death_signal)
+
+
+def start_logged(command: list[str], cpus: Sequence[int], pin: bool, log_path: str) -> subprocess.Popen:
+    """start_run, its output appended to ``log_path`` after a line with the time and the whole command."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "a") as log:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        log.write(f"# {when}: {shlex.join(slot_prefix(cpus, pin) + command)}\n")
+        log.flush()
+        return start_run(command, cpus, pin, log)
 
 
 class Stopper:
@@ -327,6 +319,7 @@ class Stopper:
 
 
 def term(proc: subprocess.Popen) -> None:
+    """SIGTERM to a run that still runs: it writes its checkpoint and exits."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
 
@@ -341,9 +334,6 @@ def outcome(rc: int, stopping: bool, resumed: str | None) -> tuple[str, str]:
         then = f"{resumed} is as it was" if resumed else "--resume-existing starts it afresh"
         return "stopped", f"before its first checkpoint; {then}"
     return ("ok", "exit code 0") if rc == 0 else ("failed", f"exit code {rc}")
-
-
-# ---------------------------------------------------------------- local sweeps
 
 
 def log_name(i: int, label: str) -> str:
@@ -383,15 +373,11 @@ def run_local(
             if slot.proc is None and queue and not stopper.stopping:
                 i = slot.run = queue.pop(0)
                 say(f"[sweep] start [run {i}] {slot.device} cpus {cpu_ranges(slot.cpus)}: {runs[i].label}")
-                with open(logs[i], "a") as log:
-                    log.write(f"# {stamp()}: {shlex.join(slot_prefix(slot.cpus, pin) + slot.command(commands[i]))}\n")
-                    log.flush()
-                    try:
-                        slot.proc = start_run(slot.command(commands[i]), slot.cpus, pin, log)
-                        stopper.started(slot.proc)
-                    except OSError as exc:  # the interpreter (PYTHON) or taskset cannot start
-                        log.write(f"error: {exc}\n")
-                        results[i] = ("failed", f"cannot start: {exc}")
+                try:
+                    slot.proc = start_logged(slot.command(commands[i]), slot.cpus, pin, logs[i])
+                    stopper.started(slot.proc)
+                except OSError as exc:  # the interpreter (PYTHON) or taskset cannot start
+                    results[i] = ("failed", f"cannot start: {exc}")
         time.sleep(0.2)
     lines = [f"{len(runs)} runs in {time.time() - started:.0f} s"]
     for i, run in enumerate(runs):
@@ -408,12 +394,9 @@ def run_local(
     return 130 if stopper.stopping else 1 if counts["failed"] else 0
 
 
-# ---------------------------------------------------------------- SLURM
-
-
-def sbatch_header(name: str, tasks: int, log_dir: str, a: argparse.Namespace) -> list[str]:
-    """The #SBATCH lines of a job array of ``tasks`` tasks: its output to LOG_DIR/slurm, SIGTERM 120 s before the
-    time limit, and the SLURM options given, checked (they reach the script as they are)."""
+def sbatch_script(name: str, tasks: int, log_dir: str, a: argparse.Namespace, command: str, note: str) -> str:
+    """A job array of ``tasks`` tasks that each run ``command`` from the repo root: its output to LOG_DIR/slurm,
+    SIGTERM 120 s before the time limit, and the SLURM options given, checked (they reach the script as they are)."""
     for path in (log_dir, REPO_ROOT):
         if not SLURM_PATH_RE.fullmatch(path):
             raise SweepError(f"--slurm needs paths without spaces, % or quotes; '{path}' has some (pass --log-dir)")
@@ -427,7 +410,9 @@ def sbatch_header(name: str, tasks: int, log_dir: str, a: argparse.Namespace) ->
     lines += [f"#SBATCH --output={log_dir}/slurm/%A_%a.out", "#SBATCH --signal=B:TERM@120"]
     gres = f"gpu:{a.gpus_per_run}" if a.gpus_per_run else None
     options = {"partition": a.partition, "time": a.time, "gres": gres, "cpus-per-task": a.cpus_per_run, "mem": a.mem}
-    return lines + [f"#SBATCH --{flag}={value}" for flag, value in {**options, "account": a.account}.items() if value]
+    lines += [f"#SBATCH --{flag}={value}" for flag, value in {**options, "account": a.account}.items() if value]
+    lines += [f"# {note}", "set -u", f"cd {shlex.quote(REPO_ROOT)} || exit 2", f"exec {command}"]
+    return "\n".join(lines) + "\n"
 
 
 def submit(script: str, path: str, sbatch_args: Sequence[str], dry_run: bool) -> str | None:
@@ -457,17 +442,16 @@ def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: ar
     spec_path = os.path.join(log_dir, f"{grid}.json")
     entries = [{**r._asdict(), "args": [*r.args, *tail], "log": log_name(i, r.label)} for i, r in enumerate(runs)]
     spec = {"python": python, "log_dir": log_dir, "resume_existing": a.resume_existing}
-    task = f'benchmark/sweep.py task {shlex.quote(spec_path)} "${{SLURM_ARRAY_TASK_ID:-}}"'
-    lines = sbatch_header(grid, len(runs), log_dir, a)
-    lines += [f"# task i runs run i of {spec_path}; RESUME_EXISTING=1 sbatch THIS_FILE continues a stopped sweep"]
-    lines += ["set -u", f"cd {shlex.quote(REPO_ROOT)} || exit 2", f"exec {shlex.quote(sys.executable)} {task}"]
+    task = shlex.join([sys.executable, "benchmark/sweep.py", "task", spec_path]) + ' "${SLURM_ARRAY_TASK_ID:-}"'
+    note = f"task i runs run i of {spec_path}; RESUME_EXISTING=1 sbatch THIS_FILE continues a stopped sweep"
     for i, (run, entry) in enumerate(zip(runs, entries)):
         say(f"[task {i}] {run.label}: {shlex.join(entry['args'])}")
     if not a.dry_run:
         os.makedirs(log_dir, exist_ok=True)
         with open(spec_path, "w") as f:
             json.dump({**spec, "runs": entries}, f, indent=1)
-    submit("\n".join(lines) + "\n", os.path.join(log_dir, f"{grid}.sbatch"), a.sbatch_args, a.dry_run)
+    script = sbatch_script(grid, len(runs), log_dir, a, task, note)
+    submit(script, os.path.join(log_dir, f"{grid}.sbatch"), a.sbatch_args, a.dry_run)
     return 0
 
 
@@ -499,29 +483,28 @@ def run_task(spec_path: str, index: str) -> int:
     return run_local([run], commands, [slot], False, [os.path.join(spec["log_dir"], entry["log"])], results)
 
 
-# ---------------------------------------------------------------- command line
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (a SweepError)."""
-
+class Parser(argparse.ArgumentParser):  # its errors are one line: a SweepError
     def error(self, message: str) -> None:  # type: ignore[override]
         raise SweepError(message + ("; arguments for the runs go after --" if "unrecognized" in message else ""))
 
 
-def count(minimum: int):
-    """An argparse type: an integer of at least ``minimum``."""
+def count(minimum: float, kind: type = int):
+    """An argparse type: a number of ``kind`` (int or float) of at least ``minimum``."""
 
-    def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer of at least {minimum}, got '{text}'")
-        return int(text)
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value >= minimum:  # NaN too
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum:g}, got '{text}'")
+        return value
 
     return parse
 
 
 def add_slot_options(p: argparse.ArgumentParser) -> None:
-    """Runs at once here (the sweep's and tune.py's)."""
     g = p.add_argument_group("runs at once here (on the CPUs this process may use: taskset -c LIST picks them)")
     g.add_argument("--jobs-per-gpu", type=count(1), help="runs sharing one GPU at once (default 1)")
     g.add_argument("--jobs", type=count(1), help="runs at once without GPUs (default 1)")
@@ -529,7 +512,6 @@ def add_slot_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_slurm_options(p: argparse.ArgumentParser, per: str) -> None:
-    """SLURM's options for a job array (the sweep's and tune.py's)."""
     g = p.add_argument_group(f"SLURM (a job array; --cpus-per-run is --cpus-per-task; per {per})")
     g.add_argument("--slurm", action="store_true", help="write the sbatch script and submit it")
     g.add_argument("--partition", help="sbatch --partition")
@@ -542,7 +524,6 @@ def add_slurm_options(p: argparse.ArgumentParser, per: str) -> None:
 
 
 def check_modes(a: argparse.Namespace) -> None:
-    """Local options without --slurm, SLURM options with it."""
     if a.slurm and (a.jobs or a.jobs_per_gpu):
         raise SweepError("--jobs and --jobs-per-gpu are for runs here; under --slurm use --max-parallel")
     for option in [f for f in SLURM_ONLY if getattr(a, f) not in (None, [])][:1] if not a.slurm else []:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import ast
-import csv
 import difflib
 import glob
 import math
 import os
 import re
 import shlex
-import socket
 import sys
 import threading
 import time
@@ -35,15 +33,13 @@ try:
 except ModuleNotFoundError:
     sys.exit("error: optuna is missing; install the tuner's extra: pip install -e '.[tune]'")
 
-import report  # noqa: E402  (the one reader of event files)
+import report  # noqa: E402  (the one reader of run folders)
 import sweep  # noqa: E402  (slots, the launcher, SLURM; puts the repo root on sys.path)
 from sweep import SweepError  # noqa: E402
 
 import gpu_utils  # noqa: E402
-import run_utils  # noqa: E402
 
 RUNS_DIR = os.path.join(sweep.REPO_ROOT, "runs")
-RETURN_TAG = "charts/episodic_return"
 # fields the tuner sets, with what to use instead, and fields that say how a run goes rather than what it learns
 SET_BY_TUNER = {"seed": "--seeds", "env_id": "--envs", "exp_name": "--study-name", "resume": "a rerun of the study"}
 SET_BY_TUNER |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
@@ -56,15 +52,9 @@ def say(text: str) -> None:
     print(f"[tune] {text}", flush=True)
 
 
-# ---------------------------------------------------------------- the search space, from the script's Args
-
-
-class Field(NamedTuple):
-    """A field of the script's Args: its flag, kind (float, int, bool or str), Literal choices and default."""
-
+class Field(NamedTuple):  # a field of the script's Args
     flag: str
-    kind: str
-    choices: tuple | None
+    kind: str  # float, int, bool or str (tyro checks a Literal's values when a run starts)
     default: object
 
 
@@ -76,16 +66,12 @@ def script_fields(script: str) -> dict[str, Field]:
     classes = [n for n in ast.parse(open(path).read()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
     fields = {}
     for node in [n for n in classes[0].body if isinstance(n, ast.AnnAssign)] if classes else []:
-        annotation = ast.unparse(node.annotation)
         try:
             default = ast.literal_eval(node.value) if node.value else None
         except ValueError:  # an expression, such as the script's file name
             default = None
-        literal = re.search(r"Literal\[(.*?)\]", annotation)
-        choices = tuple(ast.literal_eval(f"({literal[1]},)")) if literal else None
-        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", annotation)]
-        kind = "str" if choices or not kinds else kinds[0]
-        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), kind, choices, default)
+        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", ast.unparse(node.annotation))]
+        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), (kinds or ["str"])[0], default)
     if not fields:
         raise SweepError(f"{script} has no `class Args`; tune.py tunes scripts whose flags come from one")
     return fields
@@ -102,15 +88,11 @@ def find_field(name: str, fields: dict[str, Field], script: str) -> Field:
 
 
 def convert(text: str, f: Field, what: str) -> object:
-    """A value of the field's kind from its text (3e-4, 128, true)."""
     kinds = {"bool": lambda t: {"true": True, "false": False}[t.lower()], "int": int, "float": float, "str": str}
     try:
-        value = kinds[f.kind](text.strip())
+        return kinds[f.kind](text.strip())
     except (KeyError, ValueError):
         raise SweepError(f"{what}: {f.flag} takes a value of type {f.kind}, not '{text}'") from None
-    if f.choices and value not in f.choices:
-        raise SweepError(f"{what}: {f.flag} takes one of {', '.join(map(str, f.choices))}, not '{text}'")
-    return value
 
 
 def parse_param(spec: str, fields: dict[str, Field], script: str):
@@ -138,14 +120,6 @@ def parse_param(spec: str, fields: dict[str, Field], script: str):
         raise SweepError(f"{what}: {exc}") from None
 
 
-def suggest(trial, name: str, dist) -> object:
-    if hasattr(dist, "choices"):
-        return trial.suggest_categorical(name, dist.choices)
-    if isinstance(dist.low, int):
-        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
-    return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
-
-
 def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str) -> dict[str, object]:
     """``defaults`` (the script's defaults of the searched flags) or ``NAME=VALUE ...``: a trial to run first."""
     values = {}
@@ -155,10 +129,9 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
     for name, dist in space.items():
         value = values.get(name)
-        if hasattr(dist, "choices"):
-            inside = value in dist.choices
-        else:
-            inside = value is not None and dist.low <= value <= dist.high
+        inside = (
+            value in dist.choices if hasattr(dist, "choices") else value is not None and dist.low <= value <= dist.high
+        )
         if not inside:
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values
@@ -176,9 +149,6 @@ def value_args(config: dict, values: dict) -> list[str]:
     return words + config["args"]
 
 
-# ---------------------------------------------------------------- a trial's runs and its value
-
-
 @dataclass
 class TrialRun:
     """One run (env x seed) of a trial: its command, log and folder, and the returns in its event files."""
@@ -193,34 +163,26 @@ class TrialRun:
     outcome: str = ""  # finished, stopped, or why it failed; "" before it ended
     returns: list = field(default_factory=list)  # (step, return) of its finished episodes, in order
     last_step: int = 0
+    status: str | None = None  # its checkpoint's
     sizes: tuple = ()  # the event files' sizes when last read
 
     def read(self) -> None:
-        """Read the event files again when they grew. A resumed run has one per process; what a process logged past
-        the step the next one resumed from was done again, and is dropped."""
+        """Its folder through report.load_run again when its event files grew (a resumed run has one per process)."""
         found = sorted(glob.glob(os.path.join(RUNS_DIR, self.pattern)))
         self.run_dir = self.run_dir or (found[-1] if found else None)
         files = sorted(glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*"))) if self.run_dir else []
-        if tuple(map(os.path.getsize, files)) == self.sizes:
-            return
-        self.sizes = tuple(map(os.path.getsize, files))
-        parts = [scalars for scalars, _ in map(report.read_event_file, files) if scalars]
-        parts.sort(key=lambda scalars: min(e[0] for events in scalars.values() for e in events))
-        cuts = [min(e[0] for events in scalars.values() for e in events) for scalars in parts[1:]] + [math.inf]
-        kept = [(tag, e) for scalars, cut in zip(parts, cuts) for tag, ev in scalars.items() for e in ev if e[0] <= cut]
-        self.returns = sorted((e[0], e[2]) for tag, e in kept if tag == RETURN_TAG)
-        self.last_step = max((e[0] for _, e in kept), default=0)
+        if files and tuple(map(os.path.getsize, files)) != self.sizes:
+            self.sizes, run = tuple(map(os.path.getsize, files)), report.load_run(self.run_dir)
+            self.returns, self.last_step = list(zip(run.steps.tolist(), run.returns.tolist())), run.last_step
+            self.status = run.checkpoint_status
 
     def ended(self, stopping: bool) -> str:
         """Its outcome once its process exited: finished as its checkpoint says, stopped by a signal, or failed."""
+        self.sizes = ()  # its last checkpoint came after its last event
         self.read()
-        try:
-            status = run_utils.read_checkpoint(os.path.join(self.run_dir or "", "checkpoint.pt")).get("status")
-        except (OSError, run_utils.CheckpointError) as exc:
-            status = f"unreadable: {exc}"
-        if status == "finished" or stopping:
-            return "finished" if status == "finished" else "stopped"
-        return f"a run exited with code {self.proc.returncode} (checkpoint {status}): see {self.log}"
+        if self.status == "finished" or stopping:
+            return "finished" if self.status == "finished" else "stopped"
+        return f"a run exited with code {self.proc.returncode} (checkpoint {self.status}): see {self.log}"
 
 
 def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> tuple[float | None, dict[str, float]]:
@@ -237,11 +199,7 @@ def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> 
     return value, score
 
 
-# ---------------------------------------------------------------- the study in its storage
-
-
-def open_storage(url: str):
-    """A journal file (a path) or an RDB URL (sqlite:///path, postgresql://...)."""
+def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///path, postgresql://...)
     try:
         if "://" in url:
             timeout = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
@@ -252,17 +210,16 @@ def open_storage(url: str):
         raise SweepError(f"cannot open storage {url}: {(str(exc).splitlines() or [repr(exc)])[0][:200]}") from None
 
 
-def report_steps(config: dict) -> list[int]:
-    """The steps at which a trial reports its value so far (the last one is its value)."""
+def report_steps(config: dict) -> list[int]:  # where a trial reports its value so far (the last: its value)
     interval = config["total_timesteps"] // config["reports"]
     return [interval * k for k in range(1, config["reports"])] if interval else []
 
 
 def load_study(storage, name: str, config: dict | None, worker: int = 0):
     """The study ``name`` and its config: the stored one, which ``config`` (when given) must match but for the number
-    of trials, or ``config`` for a new study. Its sampler, and its pruner from the first report after the warm-up.
-    With --sampler-seed, each worker and each restart seeds its sampler anew (seed + 1000 x worker + trials so far):
-    a rerun would otherwise draw the same points again."""
+    of trials, or ``config`` for a new study. Its TPE sampler, with --sampler-seed seeded anew by each worker and
+    restart (seed + 1000 x worker + trials so far: a rerun would draw the same points again), and its pruner from the
+    first report after the warm-up."""
     if config is None and name not in optuna.get_all_study_names(storage):
         raise SweepError(f"no study {name} in this storage; start it with benchmark/tune.py SCRIPT ...")
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
@@ -273,13 +230,16 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
     study.set_user_attr("tune:config", config)
     seed = None if config["sampler_seed"] is None else config["sampler_seed"] + 1000 * worker + len(study.trials)
     startup = min(10, max(2, config["trials"] // 3))  # random trials before TPE models the results
-    tpe = optuna.samplers.TPESampler(n_startup_trials=startup, seed=seed, constant_liar=True)
-    study.sampler = optuna.samplers.RandomSampler(seed=seed) if config["sampler"] == "random" else tpe
+    study.sampler = optuna.samplers.TPESampler(n_startup_trials=startup, seed=seed, constant_liar=True)
     total, warmup = config["total_timesteps"], int(config["prune_warmup"] * config["total_timesteps"])
     first = next((step for step in report_steps(config) if step >= warmup), total)
-    pruners = {"median": optuna.pruners.MedianPruner(n_startup_trials=config["prune_startup"], n_warmup_steps=warmup)}
-    pruners["hyperband"] = optuna.pruners.HyperbandPruner(min_resource=first, max_resource=total)
-    study.pruner = pruners.get(config["pruner"], optuna.pruners.NopPruner())
+    if config["pruner"] == "median":
+        study.pruner = optuna.pruners.MedianPruner(n_startup_trials=config["prune_startup"], n_warmup_steps=warmup)
+    else:
+        hyperband = config["pruner"] == "hyperband"
+        study.pruner = (
+            optuna.pruners.HyperbandPruner(first, max_resource=total) if hyperband else optuna.pruners.NopPruner()
+        )
     return study, config
 
 
@@ -304,22 +264,11 @@ def requeue(study, t, reason: str = "") -> bool:
 
 
 def recover_stale(study, stale_after: float) -> None:
-    """Queue again the RUNNING trials whose tuner is gone: no tune.py has its pid on this host (Linux), or its
-    heartbeat is older than ``stale_after`` seconds."""
+    """Queue again the RUNNING trials whose tuner is gone: no heartbeat for ``stale_after`` seconds."""
     for t in [t for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"]:
-        host, pid = t.user_attrs.get("tune:host"), t.user_attrs.get("tune:pid")
         beat = t.user_attrs.get("tune:heartbeat") or t.datetime_start.timestamp()
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                alive = b"tune.py" in f.read()
-        except OSError:
-            alive = not os.path.isdir("/proc/self")  # no /proc: taken for alive
-        gone = host == socket.gethostname() and pid is not None and not alive
-        if (gone or time.time() - beat > stale_after) and requeue(study, t, "stale: its tuner died"):
-            say(f"trial {t.number} was left RUNNING by a tuner that died ({host} pid {pid}): queued again")
-
-
-# ---------------------------------------------------------------- a worker: Optuna's trials in the slots
+        if time.time() - beat > stale_after and requeue(study, t, "stale: its tuner died"):
+            say(f"trial {t.number} was left RUNNING by a tuner gone quiet for {stale_after:g} s: queued again")
 
 
 class Worker:
@@ -332,10 +281,9 @@ class Worker:
         self.python, self.lock = sweep.runs_python(), threading.Lock()
         self.space = dict(parse_param(p, script_fields(config["script"]), config["script"]) for p in config["params"])
         task = os.environ.get("SLURM_ARRAY_TASK_ID")
-        self.worker = f"slurm {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}" if task else "local"
+        self.worker = f"slurm {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}" if task else f"local pid {os.getpid()}"
 
-    def run(self) -> int:
-        """The slots' threads until they end (this thread takes the signals); 130 when a signal stopped them."""
+    def run(self) -> int:  # the slots' threads until they end (this thread takes the signals)
         self.stopper = sweep.Stopper()
         threads = [threading.Thread(target=self.loop, args=(slot,)) for slot in self.slots]
         for thread in threads:
@@ -352,7 +300,7 @@ class Worker:
                 recover_stale(self.study, self.stale_after)
                 if counted(self.study.get_trials(deepcopy=False)) >= self.config["trials"]:
                     return
-                trial = self.study.ask()
+                trial = self.study.ask(self.space)  # a queued trial's values, else the sampler's
             state, result = self.run_trial(trial, slot)
             if state == "stopped" and requeue(self.study, self.study._storage.get_trial(trial._trial_id), result):
                 say(f"trial {trial.number} stopped with the tuner: queued again, to continue its runs")
@@ -367,16 +315,14 @@ class Worker:
 
     def run_trial(self, trial, slot: sweep.Slot) -> tuple[str, object]:
         """Run the trial's runs in ``slot``: (complete, value), (pruned or fail, why) or (stopped, why)."""
-        values = {name: suggest(trial, name, dist) for name, dist in self.space.items()}
         origin = trial.user_attrs.get("tune:origin", trial.number)
-        attrs = {"tune:host": socket.gethostname(), "tune:pid": os.getpid(), "tune:worker": self.worker}
-        for key, value in {**attrs, "tune:origin": origin, "tune:heartbeat": time.time()}.items():
+        for key, value in {"tune:worker": self.worker, "tune:origin": origin, "tune:heartbeat": time.time()}.items():
             trial.set_user_attr(key, value)
         continues = trial.user_attrs.get("tune:continues")
-        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
         say(f"trial {trial.number} start{'' if continues is None else f' (continues trial {continues})'}: {text}")
         try:
-            runs = self.trial_runs(origin, values, continues is not None)
+            runs = self.trial_runs(origin, trial.params, continues is not None)
         except ValueError as exc:  # a run it continues cannot go on
             return "fail", str(exc)
         end = self.watch(trial, runs, slot)
@@ -395,11 +341,7 @@ class Worker:
         for r, cpus in zip(runs, gpu_utils.split_cpus(slot.cpus, len(runs))):
             if not r.outcome and not self.stopper.stopping:  # on the slot's GPU, and CPUs of its own
                 command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
-                os.makedirs(os.path.dirname(r.log), exist_ok=True)
-                with open(r.log, "a") as log:
-                    log.write(f"# {sweep.stamp()}: {shlex.join(sweep.slot_prefix(cpus, self.pin) + command)}\n")
-                    log.flush()
-                    r.proc = sweep.start_run(command, cpus, self.pin, log, die_with_parent=True)
+                r.proc = sweep.start_logged(command, cpus, self.pin, r.log)
                 self.stopper.started(r.proc)
         end, reported, beat = "", set(), time.time()
         while any(r.proc is not None and not r.outcome for r in runs):
@@ -446,9 +388,6 @@ class Worker:
         return runs
 
 
-# ---------------------------------------------------------------- the report
-
-
 def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     """The best trials as a table with their commands, printed and in report.md, beside history.png, importances.png
     and intermediate.png (each trial's curve as the pruner saw it)."""
@@ -463,11 +402,12 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     names = [spec.split("=")[0] for spec in config["params"]]
     env, seed = (config[k][0] if len(config[k]) == 1 else None for k in ("envs", "seeds"))
     where = (["--env-id", env] if env else []) + (["--seed", seed] if seed else [])
-    table = [f"| rank | trial | value | {' | '.join(names)} | command |", "|---" * (len(names) + 4) + "|"]
+    rows = []
     for rank, t in enumerate(best, 1):
         command = shlex.join(["python", config["script"], *where, *value_args(config, t.params)])
-        cells = [f"{t.params[n]:.4g}" if isinstance(t.params[n], float) else str(t.params[n]) for n in names]
-        table.append(f"| {rank} | {t.number} | {t.value:.4g} | {' | '.join(cells)} | `{command}` |")
+        cells = [f"{t.params[n]:.4g}" if isinstance(t.params[n], float) else t.params[n] for n in names]
+        rows.append([rank, t.number, f"{t.value:.4g}", *cells, f"`{command}`"])
+    table = report.md_table(["rank", "trial", "value", *names, "command"], rows)
     say(f"study {study.study_name}: {counts}; the best trials:\n" + "\n".join(table))
     os.makedirs(out_dir, exist_ok=True)
     plot = optuna.visualization.matplotlib
@@ -490,9 +430,6 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     say(f"report: {os.path.join(out_dir, 'report.md')}, {len(figures)} plots")
 
 
-# ---------------------------------------------------------------- command line
-
-
 def build_parser() -> sweep.Parser:
     p = sweep.Parser(prog="benchmark/tune.py", allow_abbrev=False, fromfile_prefix_chars="@")
     p.description = "Search hyperparameters with Optuna. Arguments after -- go to every run; @FILE reads more."
@@ -508,8 +445,7 @@ def build_parser() -> sweep.Parser:
     s.add_argument("--envs", default="", help="env ids: each trial runs on each (default: the script's)")
     s.add_argument("--seeds", default="1", help='seeds: each trial runs with each (default "1")')
     s.add_argument("--enqueue", action="append", default=[], metavar="VALUES", help='"defaults" or "NAME=VALUE ..."')
-    s.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
-    s.add_argument("--sampler-seed", type=int, help="seed of the sampler (default: none)")
+    s.add_argument("--sampler-seed", type=int, help="seed of the sampler, Optuna's TPE (default: none)")
     s.add_argument("--last-episodes", type=sweep.count(1), default=100, help="episodes averaged per run (100)")
     s.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median")
     s.add_argument("--reports", type=sweep.count(1), default=10, help="reports of the value per run (10)")
@@ -535,20 +471,20 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     unknown = sweep.unknown_env_ids(envs) if "env_id" in fields else envs
     if unknown:
         raise SweepError(f"unknown env id {unknown[0]} for {a.script}; use gymnasium's ids, e.g. --envs Hopper-v5")
-    references: dict[str, list[float]] = {}  # several envs: each score is divided by the mean published one
-    with open(os.path.join(BENCH, "reference_scores.csv"), newline="") as f:
-        for row in [row for row in csv.DictReader(f) if row["env"] in envs and len(envs) > 1]:
-            references.setdefault(row["env"], []).append(float(row["score"]))
-    for env in [env for env in envs if env not in references and len(envs) > 1]:
-        raise SweepError(f"no reference score for {env} to normalise it by; add one to benchmark/reference_scores.csv")
+    published, references = report.load_references(os.path.join(BENCH, "reference_scores.csv")), {}
+    for env in envs if len(envs) > 1 else []:  # each env's score is divided by its mean published one
+        scores = [float(r.score) for r in published.get(env.replace("/", "_"), [])]
+        if not scores:
+            raise SweepError(f"no reference score for {env} to normalise it by in benchmark/reference_scores.csv")
+        references[env] = sum(scores) / len(scores)
     total = sweep.flag_value(passthrough, "--total-timesteps") or getattr(fields.get("total_timesteps"), "default", "")
     if not str(total).isdigit() or not 0 <= a.prune_warmup < 1:
         raise SweepError(f"give --total-timesteps after -- (not {total}) and a --prune-warmup in [0, 1)")
     config = {"script": a.script, "params": a.param, "envs": envs, "seeds": sweep.parse_seeds(a.seeds)}
     config |= {"args": passthrough, "total_timesteps": int(total), "last_episodes": a.last_episodes}
-    config |= {"references": {env: sum(s) / len(s) for env, s in references.items()}, "reports": a.reports}
+    config |= {"references": references, "reports": a.reports}
     config |= {"pruner": a.pruner, "prune_warmup": a.prune_warmup, "prune_startup": a.prune_startup}
-    config |= {"sampler": a.sampler, "sampler_seed": a.sampler_seed, "trials": a.trials}
+    config |= {"sampler_seed": a.sampler_seed, "trials": a.trials}
     return config, [parse_enqueue(text, space, fields, a.script) for text in a.enqueue]
 
 
@@ -573,10 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
             attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
             attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
-            lines = sweep.sbatch_header(f"tune-{a.study_name}", a.workers, log_dir, a)
-            lines += ["set -u", f"cd {shlex.quote(sweep.REPO_ROOT)} || exit 2", f"exec {shlex.join(attach)}", ""]
+            note = f"each task: one more worker on study {a.study_name}"
+            script = sweep.sbatch_script(f"tune-{a.study_name}", a.workers, log_dir, a, shlex.join(attach), note)
         if a.slurm and a.dry_run:
-            sweep.submit("\n".join(lines), os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
+            sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
             return 0
         storage_obj = open_storage(storage)
         if enqueued is not None and a.study_name not in optuna.get_all_study_names(storage_obj):
@@ -590,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             write_report(study, config, storage, os.path.abspath(a.out or log_dir))
             return 0
         if a.slurm:
-            sweep.submit("\n".join(lines), os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
+            sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
             say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
             return 0
         say(f"study {a.study_name} in {storage}: {config['trials']} trials of {config['script']}; logs in {log_dir}")

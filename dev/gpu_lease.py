@@ -331,9 +331,9 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
         f"- GPU: {speed.machine_info()['GPU']}; CPUs: {os.cpu_count()}; the parts took {wall:.0f} s of {o.seconds:.0f}"
     )
     lines = [f"# GPU lease: summary{dry}", "", machine]
-    lines += ["", *speed.md_table(header, rows), ""]
-    lines += [*speed.md_table(f"run (ab.md) | after / before ({BEFORE_REF})", changes), ""]
-    return "\n".join([*lines, *speed.md_table("part | status | seconds | limit s", statuses)]) + "\n"
+    lines += ["", *speed.md_table(header.split(" | "), rows), ""]
+    lines += [*speed.md_table(["run (ab.md)", f"after / before ({BEFORE_REF})"], changes), ""]
+    return "\n".join([*lines, *speed.md_table(["part", "status", "seconds", "limit s"], statuses)]) + "\n"
 
 
 # ---------------------------------------------------------------- here, before the call

@@ -175,6 +175,15 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
         SimpleNamespace(out=str(out), dry_run=False, seconds=450), str(work), [["ab", "ok", "200", "215"]], 1
     )
     rows = table_rows(text)
+    assert rows["figure"] == [
+        "measured",
+        "target",
+        "ratio (>= 1 meets it)",
+        "met",
+        "of the env's own rate",
+        "after / before",
+    ]
+    assert rows["part"] == ["status", "seconds", "limit s"]
     assert rows["ppo_atari.py --compile --cudagraphs"] == ["12,000 SPS", ">= 10,000 SPS", "1.20", "yes", "80%", "2.40x"]
     assert rows["ppo_atari.py --compile --cudagraphs --async-envs 8"][0] == "not measured"
     assert rows[f"PPO {name}"][:4] == ["20.0 ms / iteration", "<= 25 ms / iteration", "1.25", "yes"]

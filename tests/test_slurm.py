@@ -320,7 +320,7 @@ def test_tune_study_runs_as_a_slurm_array(cluster, repo):
     journal = log_dir / "study.journal"
     cmd = [sys.executable, str(repo / "benchmark" / "tune.py"), "ppo_continuous.py", "--study-name", "pend"]
     cmd += ["--storage", str(journal), "--log-dir", str(log_dir), "--envs", "InvertedPendulum-v5"]
-    cmd += ["--param", "learning-rate=1e-4:1e-2:log", "--trials", "3", "--sampler", "random", "--pruner", "none"]
+    cmd += ["--param", "learning-rate=1e-4:1e-2:log", "--trials", "3", "--pruner", "none"]
     cmd += ["--slurm", "--workers", "2", "--cpus-per-run", "1", "--time", "10"]
     cmd += ["--", "--total-timesteps", "1024", "--num-steps", "256", "--no-progress-bar"]
     res = subprocess.run(cmd, cwd=repo, env=cluster, capture_output=True, text=True, timeout=120)

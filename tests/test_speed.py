@@ -111,11 +111,11 @@ def test_tiny_run_of_each_script_and_baseline():
 
 def test_bad_input_one_line_errors(monkeypatch, capsys):
     for args, words in [
-        (["table", "--scale", "0"], "must be positive"),
+        (["table", "--scale", "0"], "--scale: must be a number of at least 0.01"),
         (["run", "nosuch.py", "--steps", "5"], "not found"),
         (["compare", "bogus"], "invalid choice"),
         (["table", "--", "--x"], "for `run` only"),
-        (["table", "--budget-minutes", "-1"], "--budget-minutes must be >= 0"),
+        (["table", "--budget-minutes", "-1"], "--budget-minutes: must be a number of at least 0"),
         (["nope"], "invalid choice"),
     ]:
         rc, _, err = cli(monkeypatch, capsys, *args)
@@ -154,28 +154,24 @@ def test_gpu_profile_rows(monkeypatch, capsys):
     assert sum("--num-envs 4096" in r for r in training) == 3 and sum("--env-mode dense" in r for r in training) == 3
     assert training[0].startswith("python ppo_atari.py --env-id ALE/Breakout-v5 --gpu true --compile")
     assert training[0].endswith("--total-timesteps 51200 --no-progress-bar")  # 25 iterations of 16 x 128
+    assert [r for r in rows if "MJX" in r] == ["ceiling: MJX HalfCheetah-v5, 4,096 worlds, cpu, impl=jax: 2 s"]
 
 
-def test_gpu_targets_as_ratios():
-    r = lambda what, sps, **kw: speed.Result(what, sps=sps, **kw)  # noqa: E731
-    atari = "python ppo_atari.py --env-id ALE/Breakout-v5 --gpu true"
-    results = [
-        r("ceiling: AtariVectorEnv Breakout, 16 envs, 16 threads", 10_000.0),
-        r("ceiling: AtariVectorEnv Breakout, 16 envs, 16 threads, async batches of 8", 12_000.0),
-        r("ceiling: VecSnake 10x10, 4,096 games, cuda, dense", 2e8),
-        r("ceiling: VecSnake 10x10, 65,536 games, cuda, fused", 5e8, unit="env steps/s"),
-        r(atari, 4_000.0, peak_mib=100, estimated_mib=80),
-        r(f"{atari} --compile --cudagraphs", 8_000.0, peak_mib=500, estimated_mib=100),
-        r(f"{atari} --compile --cudagraphs --async-envs 8", 9_000.0),
-        r("python dqn_snake_vec.py --num-envs 4096 --gpu true", 2e6, status="timed out after 240 s"),  # not counted
-    ]
-    text = "\n".join(speed.gpu_targets(results))
-    assert f"8,000 SPS = 0.80x the 10,000 target (`{atari} --compile --cudagraphs`); 80% of its 16 envs'" in text
-    assert "1.17x LeanRL's published 6,809 SPS" in text
-    assert "- ppo_atari.py --async-envs: 9,000 SPS = 75% of its envs' own" in text
-    assert "VecSnake alone, best: 500,000,000 env steps/s = 0.50x the 1,000,000,000 target" in text
-    assert "--preset beast: not measured" in text and "--num-envs 4096, learning on: not measured" in text
-    assert f"within 2x of the measured peak: 1 of 2 runs; outside: `{atari} --compile --cudagraphs` (5.00x)" in text
+def test_mjx_ceiling_is_skipped_with_its_reason_without_jax(monkeypatch):
+    """Without the mjx extra the MJX row says what to install and the table goes on; the other rows run."""
+    monkeypatch.setitem(sys.modules, "jax", None)  # as if jax were not installed
+    res = speed.ceiling(*speed.mjx_row(0.1, 4, "cpu"))
+    assert res.status.startswith("skipped: MJX envs need jax") and "pip install" in res.status and res.sps is None
+    assert speed.results_table([res])[2].endswith(f"| - | - | - | {res.status} |")
+
+
+@pytest.mark.slow
+def test_mjx_ceiling_steps_the_worlds():
+    """The worlds of ppo_continuous.py --sim mjx stepped alone on JAX's CPU device (the first step compiles)."""
+    pytest.importorskip("jax")
+    res = speed.ceiling(*speed.mjx_row(0.2, 4, "cpu", "InvertedPendulum-v5"))
+    assert res.ok and res.sps > 0 and res.unit == "env steps/s", res.status
+    assert res.what == "ceiling: MJX InvertedPendulum-v5, 4 worlds, cpu, impl=jax"
 
 
 def test_table_of_ceilings_and_a_training_run(monkeypatch, capsys, tmp_path):

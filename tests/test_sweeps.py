@@ -573,7 +573,7 @@ def test_slurm_task_script_without_slurm(tmp_path):
 
 
 def test_a_killed_engines_runs_get_sigterm(tmp_path):
-    """The engine (or the tuner) dies by SIGKILL: its runs, started with die_with_parent, get SIGTERM and so write
+    """The engine (or the tuner) dies by SIGKILL: its runs get SIGTERM and so write
     their checkpoints instead of training on with nobody to read them."""
     done, started = tmp_path / "checkpoint", tmp_path / "started"
     child = (
@@ -583,7 +583,7 @@ def test_a_killed_engines_runs_get_sigterm(tmp_path):
     )
     parent = (
         f"import sys, time\nsys.path.insert(0, {os.path.join(ROOT, 'benchmark')!r})\nimport sweep\n"
-        f"sweep.start_run([sys.executable, '-c', {child!r}], [0], False, None, die_with_parent=True)\ntime.sleep(60)"
+        f"sweep.start_run([sys.executable, '-c', {child!r}], [0], False, None)\ntime.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", parent])
     try:
