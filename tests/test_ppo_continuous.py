@@ -297,7 +297,11 @@ def test_resume_after_sigterm_reaches_same_total(tmp_path):
 
 def _descendants(pid):
     found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # the process ended while we looked
+        return found
+    for task in tasks:
         try:
             children = (task / "children").read_text().split()
         except OSError:
