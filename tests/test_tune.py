@@ -209,14 +209,23 @@ def test_a_study_stops_resumes_prunes_and_is_read_back(tmp_path):
         os.symlink(os.path.join(ROOT, "benchmark", name), tmp_path / "benchmark" / name)
     db = f"sqlite:///{tmp_path}/study.db"
     cmd = [sys.executable, "benchmark/tune.py", *STUDY[:-12], "--storage", db, *STUDY[-12:]]
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, text=True)
+    first_log = tmp_path / "first.log"
+    with open(first_log, "w") as stdout:
+        first = subprocess.Popen(cmd, cwd=tmp_path, env=clean_env(), stdout=stdout, text=True)
     try:
+        # trial 2 starts in the slot of whichever good trial ends first: wait for both, and for its checkpoint
         checkpoint = f"{tmp_path}/runs/*__pend_t002__1__*/checkpoint.pt"
-        wait_for(lambda: glob.glob(checkpoint) or first.poll() is not None, 240, "trial 2's checkpoint")
+
+        def ready():
+            said = first_log.read_text()
+            return glob.glob(checkpoint) and "trial 0 complete" in said and "trial 1 complete" in said
+
+        wait_for(lambda: ready() or first.poll() is not None, 240, "trials 0 and 1 and trial 2's checkpoint")
         first.send_signal(signal.SIGTERM)
-        out = first.communicate(timeout=120)[0]
+        first.wait(timeout=120)
     finally:
         first.kill()
+    out = first_log.read_text()
     assert first.returncode == 130, out
     assert "trial 0 complete" in out and "trial 1 complete" in out, out
     assert "trial 2 stopped with the tuner: queued again, to continue its runs" in out, out
