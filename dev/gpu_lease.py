@@ -16,12 +16,14 @@ a file under --out (a call brings back at most 8):
     ab        new and old code, group by group, at the settings of the speed targets                    ab.md
     ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
     profile   dev/profile_atari.py: the update's ms per iteration, every phase of the script's code     profile_*.md
+    mjx       --sim mjx (#40): HalfCheetah's MJX worlds alone, and ppo_continuous.py learning on them    mjx.md
 
 then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
 limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
 spent 20-30 s before its first SPS, beast --subproc about 35 s (its 64 env processes start), pytest -m gpu 97 s for
 13 tests on 4 workers; the wheels install in about 15 s before `run` starts. So the last runs of `ab` (Snake at 65,536
-games, the dense step) may not fit: the table says which were skipped.
+games, the dense step) may not fit: the table says which were skipped. `mjx` keeps no time of its own: it gets
+what the others leave, or a second call of its own (`--parts mjx`).
 """
 
 from __future__ import annotations
@@ -47,13 +49,12 @@ from speed import UsageError  # noqa: E402  (its Parser turns a bad argument int
 
 BEFORE_REF = "7351b50"  # the last commit measured on a GPU (two H100 leases, 2026-11-23)
 BEFORE = os.path.join(ROOT, ".lease", "before")
-SKIPPED_WHEELS = ("mujoco_mjx", "trimesh", "importlib_resources")  # MJX and its needs: no part uses them
 ATARI_WHEELS = ("gymnasium", "farama_notifications", "ale_py", "tyro", "docstring_parser", "typeguard", "shtab")
 CARRY_LIMIT = 64 * 2**20  # one call: tracked files, untracked files git does not ignore, carried paths
 GRACE_S = 15  # after SIGINT, the seconds a part has to write what it has
 # (part, its output, the most seconds it may take, the seconds kept for it while the parts before it run)
 PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 130, 60), ("ab", "lease.log", 240, 100)]
-PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45)]
+PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45), ("mjx", "lease.log", 240, 0)]
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
 echo "CPUs: $(nproc --all),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"; echo "gcc: $(gcc --version | head -1)"
 "$0" -c 'import os, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); print("Python.h:", h,
@@ -96,6 +97,14 @@ def training_runs(before: str) -> dict[str, speed.Setting]:
     return runs
 
 
+def mjx_runs() -> dict[str, speed.Setting]:
+    """ppo_continuous.py on 4,096 of HalfCheetah's MJX worlds (--preset worlds), eager and with the update as a CUDA
+    graph: the runs of #40's 300,000 SPS target."""
+    worlds = ["ppo_continuous.py", *speed.CHEETAH, "--sim", "mjx", "--preset", "worlds", "--gpu", "true"]
+    eager = speed.Setting(worlds, 4096 * 32, 10)
+    return {"mjx/worlds": eager, "mjx/worlds-graphs": replace(eager, args=[*worlds, *speed.GRAPHS])}
+
+
 def tiny(setting: speed.Setting) -> speed.Setting:
     """The dry run's CPU version of a run: --gpu false, the tiny sizes instead of its own, no GPU_ONLY flags."""
     steps, flags = TINY[os.path.basename(setting.args[0])]
@@ -114,7 +123,7 @@ def check_flags(before: str) -> list[str]:
     import tyro
 
     modules, bad = {}, []
-    for s in training_runs(before).values():
+    for s in [*training_runs(before).values(), *mjx_runs().values()]:
         path = os.path.join(ROOT, s.args[0])
         if path not in modules:  # under a name of its own; its `import gpu_utils` finds the one beside it
             folder, ours = os.path.dirname(path), sys.modules.pop("gpu_utils")
@@ -191,6 +200,36 @@ def part_ceilings(o) -> int:
     return 0 if results and all(r.ok for r in results.values()) else 1
 
 
+def part_mjx(o) -> int:
+    """--sim mjx (#40): HalfCheetah's worlds alone at 4,096 (the ceiling of the learning runs), the learning runs, then
+    16,384 worlds; each ceiling's wall time holds JAX's compilation. The dry run: 16 InvertedPendulum worlds on the
+    CPU and one tiny learning run on them. Without the mjx extra every row says so, and the part is not a failure."""
+    import mjx_envs
+
+    if o.dry_run:
+        flags = ["--env-id", "InvertedPendulum-v5", "--sim", "mjx", "--gpu", "false", "--num-envs", "16"]
+        flags += ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]
+        runs = {"mjx/worlds": speed.Setting(["ppo_continuous.py", *flags], 128, 2)}
+        ceilings = {"mjx-env/16": speed.mjx_row(0.3, 16, "cpu", "InvertedPendulum-v5")}
+    else:
+        runs = mjx_runs()
+        ceilings = {f"mjx-env/{n}": speed.mjx_row(1.5, n, "cuda") for n in (4096, 16384)}
+    order = [next(iter(ceilings)), *runs, *list(ceilings)[1:]]
+    deadline, info, results = time.monotonic() + o.seconds, speed.machine_info(), {}
+    missing = mjx_envs.missing_extra()
+    for key in order:
+        left = deadline - time.monotonic()
+        if key in runs and missing:
+            results[key] = speed.Result(runs[key].shown(1.0), f"skipped: {missing}")
+        elif left < 30:  # a compilation alone takes longer
+            results[key] = speed.Result(key, "skipped: the part's time was up")
+        else:
+            done = speed.run_settings([runs[key]], 1.0, min(150, left - 5)) if key in runs else None
+            results[key] = done[0] if done else speed.ceiling(*ceilings[key])
+        write(o, "mjx", "--sim mjx: MJX worlds alone and PPO on them, same lease", info, results)
+    return 0 if missing or all(r.ok for r in results.values()) else 1
+
+
 def write(o, name: str, title: str, info: dict, results: dict[str, speed.Result]) -> None:
     """The part's table (name.md under --out) and its figures for the summary (name.json in --work)."""
     note = "dry run: tiny sizes on the CPU, without --compile, --cudagraphs, --env-mode" if o.dry_run else ""
@@ -247,6 +286,7 @@ def cmd_run(o) -> int:
         "facts": ["bash", "-c", FACTS, sys.executable],
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
         "ab": [*me, "ab"],
+        "mjx": [*me, "mjx"],
         "ceilings": [*me, "ceilings"],
         "profile": [sys.executable, "dev/profile_atari.py", *profile, "--out", o.out],
     }
@@ -257,7 +297,7 @@ def cmd_run(o) -> int:
         if limit < 15:
             statuses.append([name, "skipped: the call's time was up", "0", "-"])
             continue
-        argv = commands[name] + (["--seconds", f"{limit - GRACE_S:.0f}"] if name in ("ab", "ceilings") else [])
+        argv = commands[name] + (["--seconds", f"{limit - GRACE_S:.0f}"] if name in ("ab", "ceilings", "mjx") else [])
         print(f"[lease] {name}: at most {limit:.0f} s ...", flush=True)
         t0 = time.monotonic()
         status = run_part(name, argv, limit, os.path.join(o.out, output))
@@ -289,10 +329,11 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
     """Each speed target beside its figure and their ratio (>= 1 meets it), the share of the env's own rate it
     reached and the old code's figure; then every new run against its group's old one, and each part's status."""
     ab, env = {}, {}
-    for figures, name in ((ab, "ab"), (env, "ceilings")):
+    for figures, name in ((ab, "ab"), (env, "ceilings"), (ab, "mjx")):
         if os.path.isfile(os.path.join(work, f"{name}.json")):
             with open(os.path.join(work, f"{name}.json")) as f:
                 figures.update(json.load(f))
+    env |= {key: rate for key, rate in ab.items() if key.startswith("mjx-env/")}  # the mjx part's ceilings
     snakes = {key: rate for key, rate in env.items() if key.startswith("snake-") and rate}
     best = max(snakes, key=snakes.get, default="none")
     phase, ms = profiled_update(o.out)
@@ -312,6 +353,7 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
         return [figure, shown, target, f"{ratio:.2f}", "yes" if ratio >= 1 else "no", of_env, vs_old]
 
     atari, dqn = "ppo_atari.py --compile --cudagraphs", "dqn_snake_vec.py --compile --cudagraphs, 4,096 games"
+    worlds = "ppo_continuous.py --sim mjx --preset worlds, HalfCheetah, 4,096 worlds"
     ten_k, one_m, mujoco = ">= 10,000 SPS", ">= 1,000,000 SPS", env.get("mujoco")
     beast = f">= 20,000 SPS or >= 90% of the MuJoCo ceiling ({speed.fmt(mujoco)})"
     beast_goal = min(20_000, 0.9 * mujoco) if mujoco else 20_000  # meeting either target meets it
@@ -323,6 +365,8 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
         row(f"VecSnake, best ceiling ({best})", "", ">= 1e9", 1e9, measured=snakes.get(best), unit="env steps/s"),
         row(f"{dqn}, fused", "dqn4096/fused", one_m, 1e6, env.get("snake-fused/4096")),
         row(f"{dqn}, dense", "dqn4096/dense", one_m, 1e6, env.get("snake-dense/4096")),
+        row(f"{worlds}, eager", "mjx/worlds", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096")),
+        row(f"{worlds}, --compile --cudagraphs", "mjx/worlds-graphs", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096")),
     ]
     changes = [[key, f"{sps / old(key):.2f}x"] for key, sps in ab.items() if "before" not in key and sps and old(key)]
     dry = " (dry run: tiny sizes on the CPU, the figures mean nothing)" if o.dry_run else ""
@@ -340,11 +384,8 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
 
 
 def wheels_for(names: list[str], atari_only: bool) -> list[str]:
-    """The kit's wheels a call carries: all but MJX's, or only ppo_atari.py's (a training call carrying a run)."""
-    packages = {name: name.split("-")[0] for name in names}
-    if atari_only:
-        return sorted(name for name, package in packages.items() if package in ATARI_WHEELS)
-    return sorted(name for name, package in packages.items() if package not in SKIPPED_WHEELS)
+    """The kit's wheels a call carries: all of them, or only ppo_atari.py's (a training call carrying a run)."""
+    return sorted(name for name in names if not atari_only or name.split("-")[0] in ATARI_WHEELS)
 
 
 def cmd_prepare(o) -> int:
@@ -393,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name, *_ in PARTS]
     run.add_argument("--parts", nargs="+", choices=names, default=names, help="only these (a second call)")
     part = sub.add_parser("part", help="one part (run starts them)")
-    part.add_argument("name", choices=["ab", "ceilings"])
+    part.add_argument("name", choices=["ab", "ceilings", "mjx"])
     part.add_argument("--work", required=True, help="the folder of the figures the summary reads")
     for sp in (run, part):
         sp.add_argument("--out", required=True, help="the folder of the files that come back ($OUT)")
@@ -404,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         o = p.parse_args(argv)
         if o.mode == "prepare":
             return cmd_prepare(o)
-        return cmd_run(o) if o.mode == "run" else {"ab": part_ab, "ceilings": part_ceilings}[o.name](o)
+        return cmd_run(o) if o.mode == "run" else {"ab": part_ab, "ceilings": part_ceilings, "mjx": part_mjx}[o.name](o)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

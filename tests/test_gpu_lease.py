@@ -15,13 +15,15 @@ from types import SimpleNamespace
 
 import pytest
 
+import mjx_envs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 import gpu_lease  # noqa: E402
 
 sys.path.remove(os.path.join(ROOT, "dev"))
 MB = 1_000_000
-LEASE_FILES = ["ab.md", "ceilings.md", "lease.log", "machine.txt", "profile_atari_cpu.md", "pytest_gpu.txt"]
+LEASE_FILES = ["ab.md", "ceilings.md", "lease.log", "machine.txt", "mjx.md", "profile_atari_cpu.md", "pytest_gpu.txt"]
 
 
 def table_rows(markdown: str) -> dict[str, list[str]]:
@@ -64,7 +66,7 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     assert sorted(os.listdir(out)) == sorted([*LEASE_FILES, "summary.md"])  # a call brings back at most 8 files
     summary = (out / "summary.md").read_text()
     assert res.stdout.endswith(summary)  # printed last: the reply shows the end of the output
-    for part in ["facts", "tests", "ab", "ceilings", "profile"]:
+    for part in ["facts", "tests", "ab", "ceilings", "profile", "mjx"]:
         assert f"| {part} | ok |" in summary, part
     rows = table_rows(summary)
     for figure in [
@@ -82,6 +84,13 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     for what in ["VecSnake 10x10, 64 games", "HalfCheetah-v5, 1 envs, AsyncVectorEnv", "async batches of 2"]:
         assert what in ceilings, what
     assert "failed" not in ceilings
+    mjx = (out / "mjx.md").read_text()  # with the mjx extra, each row measured; without it, each says what to install
+    learning = next(line for line in mjx.splitlines() if "--sim mjx --gpu false --num-envs 16" in line)
+    if mjx_envs.missing_extra():
+        assert "skipped: MJX envs need" in learning and "ceiling: MJX" in mjx, mjx
+    else:
+        assert "ceiling: MJX InvertedPendulum-v5, 16 worlds, cpu" in mjx and "failed" not in mjx, mjx
+        assert learning.endswith("| ok |") and " SPS |" in learning, learning
     facts = (out / "machine.txt").read_text()
     assert "Python.h:" in facts and "gcc:" in facts and "torch " in facts and "CPUs: " in facts
     assert "1 skipped" in (out / "pytest_gpu.txt").read_text()
@@ -167,6 +176,7 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     env |= {"snake-fused/4096": 7e6}
     (work / "ab.json").write_text(json.dumps(ab))
     (work / "ceilings.json").write_text(json.dumps(env))
+    (work / "mjx.json").write_text(json.dumps({"mjx-env/4096": 1.5e6, "mjx/worlds-graphs": 4.5e5, "mjx/worlds": None}))
     name = "update (--compile --cudagraphs), 8 x 4 minibatches"
     (out / "profile_atari_cuda.md").write_text(
         f"| phase | ms | per |\n|---|---|---|\n| update (eager), 8 x 4 minibatches | 190.5 | ms |\n"
@@ -187,6 +197,9 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     assert rows["part"] == ["status", "seconds", "limit s"]
     assert rows["ppo_atari.py --compile --cudagraphs"] == ["12,000 SPS", ">= 10,000 SPS", "1.20", "yes", "80%", "2.40x"]
     assert rows["ppo_atari.py --compile --cudagraphs --async-envs 8"][0] == "not measured"
+    worlds = "ppo_continuous.py --sim mjx --preset worlds, HalfCheetah, 4,096 worlds"
+    assert rows[f"{worlds}, --compile --cudagraphs"] == ["450,000 SPS", ">= 300,000 SPS", "1.50", "yes", "30%", "-"]
+    assert rows[f"{worlds}, eager"][0] == "not measured"
     assert rows[f"PPO {name}"][:4] == ["20.0 ms / iteration", "<= 25 ms / iteration", "1.25", "yes"]
     # 14,000 is under 20,000 but 93% of a 15,000 ceiling: the second target is met
     assert rows["ppo_continuous.py --preset beast --subproc"][2:6] == ["1.04", "yes", "93%", "1.17x"]
@@ -204,7 +217,7 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     assert rows["ab"] == ["ok", "200", "215"]
 
 
-def test_a_call_carries_the_wheel_kit_less_mjx_or_for_training_only_the_atari_wheels():
+def test_a_call_carries_the_whole_wheel_kit_or_for_training_only_the_atari_wheels():
     kit = ["ale_py-0.12.1-cp312.whl", "mujoco-4.0.0-py3.whl", "mujoco_mjx-3.17.0-py3.whl", "tyro-1.0.17-py3.whl"]
     kit += ["trimesh-5.2.0-py3.whl", "gymnasium-1.4.0-py3.whl", "shtab-1.13.0-py3.whl"]
     assert gpu_lease.wheels_for(kit, atari_only=True) == [
@@ -213,7 +226,7 @@ def test_a_call_carries_the_wheel_kit_less_mjx_or_for_training_only_the_atari_wh
         "shtab-1.13.0-py3.whl",
         "tyro-1.0.17-py3.whl",
     ]
-    assert gpu_lease.wheels_for(kit, atari_only=False) == sorted(set(kit) - {kit[2], kit[4]})
+    assert gpu_lease.wheels_for(kit, atari_only=False) == sorted(kit)  # MJX's too: the mjx part and its gpu test
 
 
 def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large(tmp_path):
@@ -242,7 +255,7 @@ def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large
     res = subprocess.run([*prepare, "--ref", "HEAD"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "every run's flags parse with its script's Args" in res.stdout and "of 64 MiB" in res.stdout
-    carried = sorted([w for w in wheels if not w.startswith(("mujoco_mjx", "trimesh"))] + ["on-device.sh"])
+    carried = sorted([*wheels, "on-device.sh"])
     assert sorted(os.listdir(repo / ".whl")) == carried
     head = git("rev-parse", "--short", "HEAD").stdout.strip()
     assert (repo / ".lease" / "before" / "REF").read_text().strip() == head
