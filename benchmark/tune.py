@@ -54,8 +54,9 @@ def say(text: str) -> None:
 
 class Field(NamedTuple):  # a field of the script's Args
     flag: str
-    kind: str  # float, int, bool or str (tyro checks a Literal's values when a run starts)
+    kind: str  # float, int, bool or str
     default: object
+    choices: tuple | None = None  # a Literal's values
 
 
 def script_fields(script: str) -> dict[str, Field]:
@@ -70,8 +71,12 @@ def script_fields(script: str) -> dict[str, Field]:
             default = ast.literal_eval(node.value) if node.value else None
         except ValueError:  # an expression, such as the script's file name
             default = None
-        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", ast.unparse(node.annotation))]
-        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), (kinds or ["str"])[0], default)
+        annotation = ast.unparse(node.annotation)
+        literal = re.search(r"Literal\[(.*?)\]", annotation)
+        choices = tuple(ast.literal_eval(f"({literal[1]},)")) if literal else None
+        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", annotation)]
+        kind = "str" if choices or not kinds else kinds[0]
+        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), kind, default, choices)
     if not fields:
         raise SweepError(f"{script} has no `class Args`; tune.py tunes scripts whose flags come from one")
     return fields
@@ -90,9 +95,12 @@ def find_field(name: str, fields: dict[str, Field], script: str) -> Field:
 def convert(text: str, f: Field, what: str) -> object:
     kinds = {"bool": lambda t: {"true": True, "false": False}[t.lower()], "int": int, "float": float, "str": str}
     try:
-        return kinds[f.kind](text.strip())
+        value = kinds[f.kind](text.strip())
     except (KeyError, ValueError):
         raise SweepError(f"{what}: {f.flag} takes a value of type {f.kind}, not '{text}'") from None
+    if f.choices and value not in f.choices:  # refused here, not by each trial's run
+        raise SweepError(f"{what}: {f.flag} takes one of {', '.join(map(str, f.choices))}, not '{text}'")
+    return value
 
 
 def parse_param(spec: str, fields: dict[str, Field], script: str):
