@@ -199,8 +199,11 @@ def hidden_sizes(arch: str) -> list[int]:
 
 # ---------------------------------------------------------------- environment
 def make_env(env_id, idx, capture_video, run_name, in_subprocess):
+    parent = os.getpid()
+
     def thunk():
-        if in_subprocess:  # the parent handles Ctrl-C and closes the workers
+        # a worker leaves Ctrl-C to the parent, which closes it; AsyncVectorEnv also calls one thunk in the parent
+        if in_subprocess and os.getpid() != parent:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:

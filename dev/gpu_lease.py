@@ -246,6 +246,8 @@ def write(o, name: str, title: str, info: dict, results: dict[str, speed.Result]
 def run_part(name: str, argv: list[str], limit: float, output: str) -> str:
     """One part in a process group of its own, its output appended to ``output``; past ``limit`` seconds it gets
     SIGINT (pytest prints its summary, the speed runs get SIGTERM and the tables are written), GRACE_S later SIGKILL."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # else the part inherits it ignored (a background job)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     with open(output, "a") as out:
         out.write(f"===== {name}, at most {limit:.0f} s: {shlex.join(argv)}\n")
         out.flush()

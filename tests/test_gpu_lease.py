@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -128,19 +129,27 @@ def test_the_flag_check_parses_with_each_folders_own_script(tmp_path, monkeypatc
 
 
 def test_a_part_past_its_limit_is_cut_off_and_one_that_ignores_sigint_is_killed(tmp_path, monkeypatch):
+    """The tool started with SIGINT ignored, as a background job of a script is: its parts still get SIGINT's
+    default, so a part cut off writes what it has (before, they inherited it ignored and were killed)."""
     monkeypatch.setattr(gpu_lease, "GRACE_S", 1)
     log = tmp_path / "log"
-    assert gpu_lease.run_part("fail", [sys.executable, "-c", "raise SystemExit(3)"], 30, str(log)) == "failed (exit 3)"
-    sleeper = "import time\nprint('started', flush=True)\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
-    sleeper += "    print('wrote what it had', flush=True)\n    raise SystemExit(130)\n"
-    t0 = time.monotonic()
-    # 5 s: the interpreter must start and print before the SIGINT, also on a loaded machine
-    assert gpu_lease.run_part("slow", [sys.executable, "-c", sleeper], 5, str(log)) == "cut off at its limit of 5 s"
-    stubborn = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n"
-    assert gpu_lease.run_part("stubborn", [sys.executable, "-c", stubborn], 1, str(log)).startswith("cut off")
-    assert time.monotonic() - t0 < 20  # SIGKILL one GRACE_S after the SIGINT it ignored
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert (
+            gpu_lease.run_part("fail", [sys.executable, "-c", "raise SystemExit(3)"], 30, str(log)) == "failed (exit 3)"
+        )
+        sleeper = "import time\nprint('started', flush=True)\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+        sleeper += "    print('wrote what it had', flush=True)\n    raise SystemExit(130)\n"
+        t0 = time.monotonic()
+        # 5 s: the interpreter must start and print before the SIGINT, also on a loaded machine
+        assert gpu_lease.run_part("slow", [sys.executable, "-c", sleeper], 5, str(log)) == "cut off at its limit of 5 s"
+        stubborn = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n"
+        assert gpu_lease.run_part("stubborn", [sys.executable, "-c", stubborn], 1, str(log)).startswith("cut off")
+        assert time.monotonic() - t0 < 20  # SIGKILL one GRACE_S after the SIGINT it ignored
+    finally:
+        signal.signal(signal.SIGINT, previous)
     text = log.read_text()
-    assert "===== slow, at most 5 s:" in text and "started\nwrote what it had" in text
+    assert "===== slow, at most 5 s:" in text and "started\nwrote what it had" in text, text
 
 
 def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, monkeypatch, old_code):

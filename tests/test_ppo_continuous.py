@@ -295,6 +295,28 @@ def test_resume_after_sigterm_reaches_same_total(tmp_path):
     assert torch.load(ckpt_path, weights_only=True)["status"] == "finished"
 
 
+def test_ctrl_c_stops_a_subproc_run_with_its_checkpoint(tmp_path):
+    """Before: gymnasium's AsyncVectorEnv builds one env in the training process to read its spaces, and the env
+    thunk's "ignore SIGINT" (meant for the workers) stuck there: Ctrl-C did nothing to a --subproc run."""
+    args = ["--env-id", "Pendulum-v1", "--subproc", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "1"]
+    args += ["--update-epochs", "1", "--gpu", "false", "--total-timesteps", 64 * 500, "--no-progress-bar"]
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, *map(str, args)], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, text=True
+    )
+    for line in proc.stdout:
+        if line.startswith("iteration 3/"):
+            proc.send_signal(signal.SIGINT)
+            break
+    try:
+        out = line + proc.stdout.read()
+        assert proc.wait(timeout=60) == 0, out
+    finally:
+        proc.kill()
+    assert "stopping on SIGINT" in out, out
+    ckpt = torch.load(run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
+    assert ckpt["status"] == "stopped" and 3 * 64 <= ckpt["global_step"] < 64 * 500
+
+
 def _descendants(pid):
     found = []
     try:
