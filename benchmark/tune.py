@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -272,11 +273,19 @@ def requeue(study, t, reason: str = "") -> bool:
 
 
 def recover_stale(study, stale_after: float) -> None:
-    """Queue again the RUNNING trials whose tuner is gone: no heartbeat for ``stale_after`` seconds."""
+    """Queue again the RUNNING trials whose tuner is gone: no tune.py has its pid on this host (Linux), or its
+    heartbeat is older than ``stale_after`` seconds."""
     for t in [t for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"]:
+        host, pid = t.user_attrs.get("tune:host"), t.user_attrs.get("tune:pid")
         beat = t.user_attrs.get("tune:heartbeat") or t.datetime_start.timestamp()
-        if time.time() - beat > stale_after and requeue(study, t, "stale: its tuner died"):
-            say(f"trial {t.number} was left RUNNING by a tuner gone quiet for {stale_after:g} s: queued again")
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                alive = b"tune.py" in f.read()
+        except OSError:
+            alive = not os.path.isdir("/proc/self")  # no /proc: taken for alive
+        gone = host == socket.gethostname() and pid is not None and not alive
+        if (gone or time.time() - beat > stale_after) and requeue(study, t, "stale: its tuner died"):
+            say(f"trial {t.number} was left RUNNING by a tuner that died ({host} pid {pid}): queued again")
 
 
 class Worker:
@@ -324,7 +333,8 @@ class Worker:
     def run_trial(self, trial, slot: sweep.Slot) -> tuple[str, object]:
         """Run the trial's runs in ``slot``: (complete, value), (pruned or fail, why) or (stopped, why)."""
         origin = trial.user_attrs.get("tune:origin", trial.number)
-        for key, value in {"tune:worker": self.worker, "tune:origin": origin, "tune:heartbeat": time.time()}.items():
+        attrs = {"tune:host": socket.gethostname(), "tune:pid": os.getpid(), "tune:worker": self.worker}
+        for key, value in {**attrs, "tune:origin": origin, "tune:heartbeat": time.time()}.items():
             trial.set_user_attr(key, value)
         continues = trial.user_attrs.get("tune:continues")
         text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())

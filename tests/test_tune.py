@@ -8,6 +8,7 @@ import glob
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,14 +164,26 @@ def test_pruners_samplers_and_restarts(tmp_path):
     assert len({first, draw("draws"), draw("draws", worker=1)}) == 3 and draw("fresh") == first
 
 
+def dead_pid():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
 def test_trials_left_running_by_a_dead_tuner_are_queued_again(tmp_path):
     study = optuna.create_study(study_name="s", storage=tune.open_storage(str(tmp_path / "j")), direction="maximize")
-    for i, beat in enumerate([time.time() - 7200, time.time() - 3600, None]):  # the last: no heartbeat yet, new
+    for i, (host, pid, beat) in enumerate(
+        [
+            (socket.gethostname(), dead_pid(), time.time()),  # its tuner is gone on this host: at once
+            ("elsewhere", 1, time.time() - 3600),  # no heartbeat for an hour
+            ("elsewhere", 1, time.time()),  # alive elsewhere
+        ]
+    ):
         trial = study.ask()
         trial.suggest_float("gamma", 0.9, 0.99)
         trial.report(10.0 + i, 1000)
-        if beat is not None:
-            trial.set_user_attr("tune:heartbeat", beat)
+        for key, value in {"tune:host": host, "tune:pid": pid, "tune:heartbeat": beat}.items():
+            trial.set_user_attr(key, value)
     tune.recover_stale(study, stale_after=600)
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "FAIL", "RUNNING", "WAITING", "WAITING"]
