@@ -786,10 +786,9 @@ if __name__ == "__main__":
         finished = iteration == num_iterations
         save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished
         if iteration % log_interval == 0 or save_now:
-            count, *sums = ep_stats.tolist()
             # the weights are checked before a checkpoint could save them
-            pulled = torch.stack([*train_stats.values(), run_utils.weights_finite(params)]).tolist()
-            num_updates, loss, q_mean, finite = pulled
+            pulled = torch.cat([ep_stats, torch.stack([*train_stats.values(), run_utils.weights_finite(params)])])
+            count, *sums, num_updates, loss, q_mean, finite = pulled.tolist()
             diverged = not finite
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
             text = f"eps {epsilon:.2f}, return -"

@@ -92,39 +92,45 @@ class HalfCheetahV5:
         return reward, jnp.zeros((), bool), info
 
 
-def _walker_evaluate(task, healthy_state, init_qpos, x_before, qpos, qvel, action, dt):
-    """Hopper's and Walker2d's step, _get_rew and is_healthy; ``healthy_state``: Hopper's state-range test."""
-    jnp = _jnp()
-    z, angle = qpos[1], qpos[2]
-    min_z, max_z = task.healthy_z_range
-    min_angle, max_angle = task.healthy_angle_range
-    is_healthy = healthy_state & (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
-    x_velocity = (qpos[0] - x_before) / dt
-    forward_reward = task.forward_reward_weight * x_velocity
-    healthy_reward = is_healthy * task.healthy_reward  # v5: no survival reward on the step that falls
-    ctrl_cost = task.ctrl_cost_weight * jnp.sum(jnp.square(action))
-    reward = forward_reward + healthy_reward - ctrl_cost
-    terminated = ~is_healthy & task.terminate_when_unhealthy
-    info = {"x_position": qpos[0], "z_distance_from_origin": qpos[1] - init_qpos[1], "x_velocity": x_velocity}
-    info |= {"reward_forward": forward_reward, "reward_ctrl": -ctrl_cost, "reward_survive": healthy_reward}
-    return reward, terminated, info
-
-
-def _walker_observation(task, qpos, qvel):
-    """Hopper's and Walker2d's _get_obs: qpos without x (by default), then qvel clipped to [-10, 10]."""
-    jnp = _jnp()
-    position = qpos[1:] if task.exclude_current_positions_from_observation else qpos
-    return jnp.concatenate([position, jnp.clip(qvel, -10.0, 10.0)])
-
-
 def _uniform(key, n: int, scale: float):
     import jax
 
     return jax.random.uniform(key, (n,), minval=-scale, maxval=scale)
 
 
+class _Walker:
+    """Hopper's and Walker2d's shared rules; each task's dataclass holds its own fields (gymnasium's defaults)."""
+
+    def reset_velocity(self, key, nv: int):
+        """reset_model: ``qvel = init_qvel + uniform(-reset_noise_scale, reset_noise_scale, nv)``."""
+        return _uniform(key, nv, self.reset_noise_scale)
+
+    def observation(self, qpos, qvel):
+        """_get_obs: qpos without x (by default), then qvel clipped to [-10, 10]."""
+        jnp = _jnp()
+        position = qpos[1:] if self.exclude_current_positions_from_observation else qpos
+        return jnp.concatenate([position, jnp.clip(qvel, -10.0, 10.0)])
+
+    def walker_evaluate(self, healthy_state, init_qpos, x_before, qpos, qvel, action, dt):
+        """step, _get_rew and is_healthy; ``healthy_state``: Hopper's state-range test (Walker2d has none)."""
+        jnp = _jnp()
+        z, angle = qpos[1], qpos[2]
+        min_z, max_z = self.healthy_z_range
+        min_angle, max_angle = self.healthy_angle_range
+        is_healthy = healthy_state & (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
+        x_velocity = (qpos[0] - x_before) / dt
+        forward_reward = self.forward_reward_weight * x_velocity
+        healthy_reward = is_healthy * self.healthy_reward  # v5: no survival reward on the step that falls
+        ctrl_cost = self.ctrl_cost_weight * jnp.sum(jnp.square(action))
+        reward = forward_reward + healthy_reward - ctrl_cost
+        terminated = ~is_healthy & self.terminate_when_unhealthy
+        info = {"x_position": qpos[0], "z_distance_from_origin": qpos[1] - init_qpos[1], "x_velocity": x_velocity}
+        info |= {"reward_forward": forward_reward, "reward_ctrl": -ctrl_cost, "reward_survive": healthy_reward}
+        return reward, terminated, info
+
+
 @dataclasses.dataclass(frozen=True)
-class HopperV5:
+class HopperV5(_Walker):
     """gymnasium/envs/mujoco/hopper_v5.py (HopperEnv): hop forward; terminates when unhealthy."""
 
     xml_file: str = "hopper.xml"
@@ -139,24 +145,17 @@ class HopperV5:
     reset_noise_scale: float = 5e-3
     exclude_current_positions_from_observation: bool = True
 
-    def reset_velocity(self, key, nv: int):
-        """reset_model: ``qvel = init_qvel + uniform(-reset_noise_scale, reset_noise_scale, nv)``."""
-        return _uniform(key, nv, self.reset_noise_scale)
-
-    def observation(self, qpos, qvel):
-        return _walker_observation(self, qpos, qvel)
-
     def evaluate(self, init_qpos, x_before, qpos, qvel, action, dt):
         """is_healthy adds: every entry of state_vector()[2:] (qpos[2:], then qvel unclipped) in the open range."""
         jnp = _jnp()
         state = jnp.concatenate([qpos, qvel])[2:]
         min_state, max_state = self.healthy_state_range
         healthy_state = jnp.all((min_state < state) & (state < max_state))
-        return _walker_evaluate(self, healthy_state, init_qpos, x_before, qpos, qvel, action, dt)
+        return self.walker_evaluate(healthy_state, init_qpos, x_before, qpos, qvel, action, dt)
 
 
 @dataclasses.dataclass(frozen=True)
-class Walker2dV5:
+class Walker2dV5(_Walker):
     """gymnasium/envs/mujoco/walker2d_v5.py (Walker2dEnv): walk forward; terminates when unhealthy."""
 
     xml_file: str = "walker2d_v5.xml"
@@ -170,16 +169,9 @@ class Walker2dV5:
     reset_noise_scale: float = 5e-3
     exclude_current_positions_from_observation: bool = True
 
-    def reset_velocity(self, key, nv: int):
-        """reset_model: ``qvel = init_qvel + uniform(-reset_noise_scale, reset_noise_scale, nv)``."""
-        return _uniform(key, nv, self.reset_noise_scale)
-
-    def observation(self, qpos, qvel):
-        return _walker_observation(self, qpos, qvel)
-
     def evaluate(self, init_qpos, x_before, qpos, qvel, action, dt):
         healthy_state = _jnp().ones((), bool)  # Walker2d has no state range: height and angle only
-        return _walker_evaluate(self, healthy_state, init_qpos, x_before, qpos, qvel, action, dt)
+        return self.walker_evaluate(healthy_state, init_qpos, x_before, qpos, qvel, action, dt)
 
 
 @dataclasses.dataclass(frozen=True)

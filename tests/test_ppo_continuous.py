@@ -262,20 +262,28 @@ def test_files_with_the_statistics_in_the_model_still_load(pendulum_run, model_r
     assert eval_return(tmp_path, tmp_path / "old.model") == model_return
 
 
+def signal_at_iteration_3(tmp_path, args, sig):
+    """Start the script with ``args``, send it ``sig`` once it has printed iteration 3: (exit status, output)."""
+    cmd = [sys.executable, SCRIPT, *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("iteration 3/"):
+                proc.send_signal(sig)
+                break
+        out = line + proc.stdout.read()
+        return proc.wait(timeout=60), out
+    finally:
+        proc.kill()
+
+
 def test_resume_after_sigterm_reaches_same_total(tmp_path):
     total = 32 * 15
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", total, "--no-progress-bar", "--num-steps", "32"]
     args += ["--num-minibatches", "1"]
     args += ["--update-epochs", "1", "--gpu", "false", "--checkpoint-every", "0", "--save-model"]
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, *map(str, args)], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, text=True
-    )
-    for line in proc.stdout:
-        if line.startswith("iteration 3/"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    out = line + proc.stdout.read()
-    assert proc.wait(timeout=60) == 0
+    returncode, out = signal_at_iteration_3(tmp_path, args, signal.SIGTERM)
+    assert returncode == 0
     assert "stopping on SIGTERM" in out and "--resume" in out, out
     ckpt_path = run_dir(tmp_path) / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=True)
@@ -300,18 +308,8 @@ def test_ctrl_c_stops_a_subproc_run_with_its_checkpoint(tmp_path):
     thunk's "ignore SIGINT" (meant for the workers) stuck there: Ctrl-C did nothing to a --subproc run."""
     args = ["--env-id", "Pendulum-v1", "--subproc", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "1"]
     args += ["--update-epochs", "1", "--gpu", "false", "--total-timesteps", 64 * 500, "--no-progress-bar"]
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, *map(str, args)], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, text=True
-    )
-    for line in proc.stdout:
-        if line.startswith("iteration 3/"):
-            proc.send_signal(signal.SIGINT)
-            break
-    try:
-        out = line + proc.stdout.read()
-        assert proc.wait(timeout=60) == 0, out
-    finally:
-        proc.kill()
+    returncode, out = signal_at_iteration_3(tmp_path, args, signal.SIGINT)
+    assert returncode == 0, out
     assert "stopping on SIGINT" in out, out
     ckpt = torch.load(run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
     assert ckpt["status"] == "stopped" and 3 * 64 <= ckpt["global_step"] < 64 * 500
