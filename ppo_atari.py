@@ -327,10 +327,9 @@ class AsyncRollout:
             row = self.count[env]
             first = env[row == 0]
             self.dones[0, first] = self.obs_done[first]  # whether an env's first stored observation starts an episode
-            at = (torch.as_tensor(row, device=device), torch.as_tensor(env, device=device))
-            pick = torch.as_tensor(keep, device=device)
+            at_row, at_env, pick = torch.as_tensor(np.stack([row, env, keep])).to(device)  # one copy to the device
             for storage, new in zip((self.obs, self.actions, self.logprobs, self.values), (x, action, logprob, value)):
-                storage[at] = new[pick]
+                storage[at_row, at_env] = new[pick]
             obs, reward, terminated, truncated, info = self.envs.recv()
             ids = info["env_id"]
             self.held_obs, self.held_ids = obs, ids
