@@ -708,7 +708,8 @@ if __name__ == "__main__":
     # activations: three forwards of a training batch, or one no-grad forward over every game to act, the larger
     rows = max(3 * args.batch_size, n)
     run.note_estimate(
-        gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows), global_step
+        gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows, use_graph),
+        global_step,
     )
 
     # ---------------- training loop: one iteration steps every game once, then updates the Q-network

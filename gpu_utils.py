@@ -438,8 +438,10 @@ CUDA_CONTEXT_BYTES = 500 * 2**20
 """Typical memory the CUDA context and kernels take on a GPU outside PyTorch's allocator."""
 
 CUBLAS_WORKSPACE_BYTES = 64 * 2**20
-"""cuBLAS and cuBLASLt workspaces, which PyTorch takes from its own allocator, so max_memory_allocated counts them:
-runs on an H100 (torch 2.11) peaked 54 to 83 MiB above an estimate that left them out, whatever the model's size."""
+"""cuBLAS and cuBLASLt workspaces of one CUDA stream, which PyTorch takes from its own allocator, so
+max_memory_allocated counts them: runs on an H100 (torch 2.11) peaked 54 to 83 MiB above an estimate that left them
+out, whatever the model's size. A run with CUDA graphs holds three: the default stream's, the warm-up stream's and
+the one captured into the graph's own memory."""
 
 _OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd_momentum": 1, "sgd": 0}
 
@@ -543,14 +545,15 @@ def estimate_memory(
     activation_bytes: int | None = None,
     example_input: torch.Tensor | tuple | None = None,
     batch_size: int = 1,
+    cudagraphs: bool = False,
 ) -> MemoryEstimate:
     """Estimate the device memory a run needs: weights, gradients, optimizer state, data, activations, context.
 
     ``optimizer`` is one of adam, adamw, rmsprop, sgd_momentum, sgd (its state holds 2, 2, 1, 1, 0 copies of the
     trainable weights). When ``activation_bytes`` is None and ``example_input`` is given, activations are measured
     from one no-grad forward pass (leaf-module output sizes) scaled to ``batch_size`` rows; autograd keeps about
-    that much for backward. The cuBLAS workspaces and the CUDA context are counted only when the model's weights
-    are on a GPU; the context is not part of ``total``.
+    that much for backward. The cuBLAS workspaces (three streams' with ``cudagraphs``, one without) and the CUDA
+    context are counted only when the model's weights are on a GPU; the context is not part of ``total``.
     """
     key = optimizer.lower()
     if key not in _OPTIMIZER_STATES:
@@ -568,7 +571,7 @@ def estimate_memory(
         rollout=rollout_bytes,
         activations=activation_bytes,
         cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
-        workspace=CUBLAS_WORKSPACE_BYTES if on_gpu else 0,
+        workspace=CUBLAS_WORKSPACE_BYTES * (3 if cudagraphs else 1) if on_gpu else 0,
     )
 
 
@@ -694,7 +697,9 @@ class CudaGraph:
     a dict of tensors: static outputs that the next call overwrites (clone what you keep). An optimizer inside ``fn``
     needs ``capturable=True`` (a learning rate to anneal must be a tensor updated in place) and ``fn`` should start with
     ``optimizer.zero_grad(set_to_none=True)``, so that backward writes the gradients into the graph's own memory.
-    Random numbers from the default CUDA generator advance on every replay; other generators are not tracked.
+    Random numbers from the default CUDA generator advance on every replay; other generators are not tracked. Every
+    graph warms up on one side stream, ``CudaGraph.warmup_stream``: cuBLAS keeps a workspace for each stream it runs
+    on, never freed, and a new stream per warm-up call took one more each time.
 
     With ``enabled=False`` (the CPU, or a step a graph cannot hold) every call runs ``fn`` eagerly, so both paths run
     the same code. A capture that fails (a host sync or an op that CUDA cannot capture, found only on the GPU) prints
@@ -702,6 +707,8 @@ class CudaGraph:
     one run ``fn`` eagerly, so the run goes on, slower, instead of ending. Capture only records kernels, so the
     failed attempt changed no tensor.
     """
+
+    warmup_stream: torch.cuda.Stream | None = None  # made at the first warm-up, as torch.cuda.graph's capture stream
 
     def __init__(
         self,
@@ -745,7 +752,9 @@ class CudaGraph:
             return self.fn(*args)
         if self.graph is None and self.calls < self.warmup:
             self.calls += 1
-            side = torch.cuda.Stream()
+            if CudaGraph.warmup_stream is None:
+                CudaGraph.warmup_stream = torch.cuda.Stream()
+            side = CudaGraph.warmup_stream
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 out = self.fn(*args)

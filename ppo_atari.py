@@ -595,7 +595,9 @@ if __name__ == "__main__":
     if is_main:
         rollout_bytes = sum(t.numel() * t.element_size() for t in (obs, actions, logprobs, values)) * 3 // 2
         mb_bytes = args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4)
-        est = gpu_utils.estimate_memory(agent, "adam", mb_bytes, rollout_bytes, None, obs[0, :2], args.minibatch_size)
+        est = gpu_utils.estimate_memory(
+            agent, "adam", mb_bytes, rollout_bytes, None, obs[0, :2], args.minibatch_size, use_graph
+        )
         print(f"{sum(p.numel() for p in params):,} parameters")
         run.note_estimate(est, global_step)
 

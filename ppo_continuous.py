@@ -600,7 +600,9 @@ if __name__ == "__main__":
     b_logprobs, b_values, b_advantages, b_returns = (x.view(-1) for x in (logprobs, values, advantages, returns))
     nb = (obs_dim + act_dim + 5) * 4  # bytes per transition
     example = torch.zeros(1, obs_dim, device=device)
-    est = gpu_utils.estimate_memory(agent, "adam", minibatch_size * nb, batch_size * nb, None, example, minibatch_size)
+    est = gpu_utils.estimate_memory(
+        agent, "adam", minibatch_size * nb, batch_size * nb, None, example, minibatch_size, use_graph
+    )
     run.note_estimate(est, global_step)
 
     def update_step(mb_inds):

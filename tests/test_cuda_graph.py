@@ -104,9 +104,30 @@ class FailingCapture:
         raise RuntimeError("operation not permitted when stream is capturing\nCUDA kernel errors might be ...")
 
 
+def test_every_warm_up_runs_on_one_side_stream(monkeypatch):
+    """cuBLAS keeps a workspace for each stream it runs on and never frees it: a new stream per warm-up call took one
+    more each time (runs with graphs peaked about 230 MiB above their estimate on an H200)."""
+    made = []
+
+    class Stream(FailingCapture.Stream):
+        def __init__(self):
+            made.append(self)
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", FailingCapture.stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", FailingCapture.current_stream)
+    monkeypatch.setattr(gpu_utils.CudaGraph, "warmup_stream", None, raising=False)
+    steps = [gpu_utils.CudaGraph(lambda x: x + 1, warmup=3) for _ in range(2)]
+    for step in steps:
+        for _ in range(3):
+            torch.testing.assert_close(step(torch.ones(2)), torch.full((2,), 2.0))
+    assert len(made) == 1
+
+
 def test_a_failed_capture_says_so_once_and_runs_the_step_eagerly(monkeypatch, capsys):
     for name in ("Stream", "CUDAGraph", "stream", "current_stream", "graph"):
         monkeypatch.setattr(torch.cuda, name, getattr(FailingCapture, name))
+    monkeypatch.setattr(gpu_utils.CudaGraph, "warmup_stream", None)  # the stand-in's, not kept past this test
     model, losses, step = train("cpu", enabled=True, steps=6)
     out = capsys.readouterr().out
     assert out.count("CUDA graph capture failed") == 1
