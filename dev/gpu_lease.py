@@ -21,9 +21,9 @@ a file under --out (a call brings back at most 8):
 then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
 limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
 spent 20-30 s before its first SPS, beast --subproc about 35 s (its 64 env processes start), pytest -m gpu 97 s for
-13 tests on 4 workers; the wheels install in about 15 s before `run` starts. So the last runs of `ab` (Snake at 65,536
-games, the dense step) may not fit: the table says which were skipped. `mjx` keeps no time of its own: it gets
-what the others leave, or a second call of its own (`--parts mjx`).
+13 tests on 4 workers; the wheels install in about 15 s before `run` starts. On the H200 of 2026-11-26 `ab` measured
+8 of its runs in 213 s: the last (Snake at 65,536 games) may not fit, and the table says which were skipped. `mjx`
+keeps no time of its own: it gets what the others leave, or a second call of its own (`--parts mjx`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ GPU_ONLY = {"--compile": 0, "--cudagraphs": 0, "--env-mode": 1}
 
 def training_runs(before: str) -> dict[str, speed.Setting]:
     """The before/after runs by key, in the order they run, the targets' first: each group's new code, then its old
-    (one round; a group's two runs follow each other), and last the new code's dense Snake beside its fused one."""
+    (one round; a group's runs follow each other), Snake at 4,096 games dense beside fused, and 65,536 games last."""
     fast = ["--gpu", "true", "--compile", "--cudagraphs"]
     atari = speed.Setting(["ppo_atari.py", "--env-id", "ALE/Breakout-v5", *fast], 2048, 10)
     beast = speed.Setting(
@@ -88,9 +88,9 @@ def training_runs(before: str) -> dict[str, speed.Setting]:
     runs["ppo_atari/after-async"] = replace(atari, args=[*atari.args, "--async-envs", "8"])
     fused, dense = (*fast, "--env-mode", "fused"), (*fast, "--env-mode", "dense")  # 7351b50: dense, no --env-mode
     runs |= {"dqn4096/fused": speed.snake(4096, 4, fused), "dqn4096/before": speed.snake(4096, 4, fast)}
-    runs |= {"beast/after": beast, "beast/before": beast}
-    runs |= {"dqn65536/fused": speed.snake(65536, 4, fused), "dqn65536/before": speed.snake(65536, 4, fast)}
-    runs |= {"dqn4096/dense": speed.snake(4096, 4, dense), "dqn65536/dense": speed.snake(65536, 4, dense)}
+    runs |= {"dqn4096/dense": speed.snake(4096, 4, dense), "beast/after": beast, "beast/before": beast}
+    runs |= {"dqn65536/fused": speed.snake(65536, 4, fused), "dqn65536/dense": speed.snake(65536, 4, dense)}
+    runs |= {"dqn65536/before": speed.snake(65536, 4, fast)}
     for key, s in runs.items():
         if key.endswith("/before"):
             runs[key] = replace(s, args=[os.path.join(before, s.args[0]), *s.args[1:]])

@@ -121,7 +121,8 @@ def unknown_flags(text: str, flags: dict[str, set[str]]) -> list[str]:
         for script, rest in CALL.findall(line.split(" # ")[0]):
             words = rest.split()
             words = words[words.index("--") + 1 :] if "--" in words else words
-            named = [word.split("=")[0] for word in words if word.startswith("--")]  # --flag or --flag=value
+            # --flag, --flag=value, or a flag that ends a clause in prose or a table cell ("--cudagraphs, 4,096 games")
+            named = [word.split("=")[0].rstrip(",.:") for word in words if word.startswith("--")]
             unknown += [f"{script} {flag}" for flag in named if flag not in flags[script]]
     return unknown
 
