@@ -284,9 +284,7 @@ class HostEnvs:
         return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
 
     def reset(self, seed: int) -> torch.Tensor:
-        return self.to_device(self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True))
-
-    def to_device(self, obs: np.ndarray) -> torch.Tensor:
+        obs = self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True)
         return torch.as_tensor(obs, dtype=torch.float32).to(self.device)
 
     def step(self, actions: torch.Tensor, value, global_step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -300,7 +298,7 @@ class HostEnvs:
         self.discounted = self.discounted * self.gamma + reward
         self.ret_rms.update(self.discounted)
         rewards = torch.as_tensor(np.clip(reward / np.sqrt(self.ret_rms.var + 1e-8), -10.0, 10.0), dtype=torch.float32)
-        next_obs_n = self.to_device(self.obs_rms.normalize(next_obs, True))
+        next_obs_n = self.obs_rms.normalize(next_obs, True)
         cut = np.nonzero(truncated & ~terminated)[0]
         if len(cut):  # a time limit, not the end of the episode: bootstrap from its last observation
             final = self.obs_rms.normalize(np.stack([infos["final_obs"][i] for i in cut]), False)
@@ -310,8 +308,11 @@ class HostEnvs:
         self.episode_return[done] = 0.0
         self.episode_length[done] = 0
         self.discounted[done] = 0.0
-        dones = torch.as_tensor(done, dtype=torch.float32)
-        return next_obs_n, rewards.to(self.device, non_blocking=True), dones.to(self.device, non_blocking=True)
+        # side by side in one copy to the device, not three: on a GPU each small copy costs about as much as a big one
+        host = np.concatenate([next_obs_n.ravel(), rewards.numpy(), done], dtype=np.float32)
+        sizes = [next_obs_n.size, len(done), len(done)]
+        next_obs_n, rewards, dones = torch.from_numpy(host).to(self.device, non_blocking=True).split(sizes)
+        return next_obs_n.view(-1, self.obs_dim), rewards, dones
 
     def finished(self) -> list[tuple[int, float, int]]:
         """(global step, return, length) of the episodes that ended since the last call."""

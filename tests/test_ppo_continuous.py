@@ -382,6 +382,21 @@ def test_clip_grad_norm_matches_torch():
 # ---------------------------------------------------------------- the trust review's defects
 
 
+def test_a_host_env_step_goes_to_the_device_in_one_copy():
+    """A step's observations, rewards and dones leave the host as one tensor (the three are views of it): on a GPU
+    each small host-to-device copy is its own call and staging, and the rollout makes one per env step."""
+    import gymnasium as gym
+
+    envs = gym.vector.SyncVectorEnv([pc.make_env("Pendulum-v1", i, False, "", False) for i in range(3)])
+    host_envs = pc.HostEnvs(envs, 0.99, torch.device("cpu"))
+    host_envs.reset(seed=1)
+    obs, rewards, dones = host_envs.step(torch.zeros(3, 1), None, 3)
+    assert obs.shape == (3, 3) and rewards.shape == dones.shape == (3,)
+    assert obs.dtype == rewards.dtype == dones.dtype == torch.float32
+    assert len({t.untyped_storage().data_ptr() for t in (obs, rewards, dones)}) == 1
+    envs.close()
+
+
 def test_compute_gae_matches_hand_computation():
     rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     values = torch.tensor([[0.5, 0.2], [0.4, 0.3], [0.6, 0.1]])
