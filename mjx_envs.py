@@ -458,7 +458,7 @@ class MJXVectorEnv:
             return (data.replace(qpos=qpos, qvel=qvel), episode_return, episode_length)
 
         # JAX's GPU default multiplies float32 matrices in TF32 (10-bit mantissas): on an H200 (2026-11-26) that moved
-        # HalfCheetah's velocities up to 2% from gymnasium's in one step: the physics multiplies in float32, as a CPU.
+        # HalfCheetah's velocities up to 2% from gymnasium's in one step. The physics multiplies in float32, as CPUs do.
         def float32(fn):
             def call(*args):
                 with jax.default_matmul_precision("float32"):
