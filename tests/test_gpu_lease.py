@@ -152,6 +152,19 @@ def test_a_part_past_its_limit_is_cut_off_and_one_that_ignores_sigint_is_killed(
     assert "===== slow, at most 5 s:" in text and "started\nwrote what it had" in text, text
 
 
+def test_a_part_whose_time_cut_its_last_runs_is_ok_and_says_so(tmp_path):
+    """On the H200 lease the ab part measured 8 of its 11 runs and showed as "failed (exit 1)": nothing had failed."""
+    measured, cut = gpu_lease.speed.Result("a", sps=1.0), gpu_lease.speed.Result("b", "skipped: the part's time was up")
+    failed = gpu_lease.speed.Result("c", "failed (exit 1)")
+    assert gpu_lease.part_exit({"a": measured}) == 0
+    assert gpu_lease.part_exit({"a": measured, "b": cut}) == gpu_lease.TIME_UP
+    assert gpu_lease.part_exit({"a": measured, "b": cut, "c": failed}) == 1
+    status = gpu_lease.run_part(
+        "ab", [sys.executable, "-c", f"raise SystemExit({gpu_lease.TIME_UP})"], 30, str(tmp_path / "log")
+    )
+    assert status == "ok, the last runs skipped: the part's time was up"
+
+
 def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, monkeypatch, old_code):
     """Each part gets at most its own limit and leaves the later parts their share: even when every part runs to its
     limit, all of them run and the call ends inside --seconds."""
