@@ -17,6 +17,7 @@ a file under --out (a call brings back at most 8):
     ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
     profile   dev/profile_atari.py: the update's ms per iteration, every phase of the script's code     profile_*.md
     mjx       --sim mjx (#40): HalfCheetah's MJX worlds alone, and ppo_continuous.py learning on them    mjx.md
+    learn     only asked for (--parts learn --env-id E): #40's learning targets, 3 seeds for 300 s each  learn.md
 
 then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
 limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
@@ -29,6 +30,7 @@ keeps no time of its own: it gets what the others leave, or a second call of its
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
 import json
 import os
@@ -40,6 +42,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from statistics import fmean, pstdev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmark"), os.path.join(ROOT, "dev")]
@@ -56,6 +59,11 @@ TIME_UP = 75  # a part's exit status when its time cut its last runs and every o
 # (part, its output, the most seconds it may take, the seconds kept for it while the parts before it run)
 PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 130, 60), ("ab", "lease.log", 240, 100)]
 PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45), ("mjx", "lease.log", 240, 0)]
+PARTS += [("learn", "lease.log", 400, 0)]  # a call of its own: not in the default --parts
+LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its last iteration, checkpoint and table
+TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_continuous_action.py: v4, 1M steps
+MJX_TINY = ["--env-id", "InvertedPendulum-v5", "--sim", "mjx", "--gpu", "false", "--num-envs", "16"]
+MJX_TINY += ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]  # the dry run's MJX runs
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
 echo "CPUs: $(nproc --all),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"; echo "gcc: $(gcc --version | head -1)"
 "$0" -c 'import os, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); print("Python.h:", h,
@@ -208,9 +216,7 @@ def part_mjx(o) -> int:
     import mjx_envs
 
     if o.dry_run:
-        flags = ["--env-id", "InvertedPendulum-v5", "--sim", "mjx", "--gpu", "false", "--num-envs", "16"]
-        flags += ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]
-        runs = {"mjx/worlds": speed.Setting(["ppo_continuous.py", *flags], 128, 2)}
+        runs = {"mjx/worlds": speed.Setting(["ppo_continuous.py", *MJX_TINY], 128, 2)}
         ceilings = {"mjx-env/16": speed.mjx_row(0.3, 16, "cpu", "InvertedPendulum-v5")}
     else:
         runs = mjx_runs()
@@ -229,6 +235,69 @@ def part_mjx(o) -> int:
             results[key] = done[0] if done else speed.ceiling(*ceilings[key])
         write(o, "mjx", "--sim mjx: MJX worlds alone and PPO on them, same lease", info, results)
     return 0 if missing else part_exit(results)
+
+
+def part_learn(o) -> int:
+    """#40's learning targets: seeds 1, 2, 3 of ppo_continuous.py --sim mjx --preset worlds at once on the one GPU,
+    each sent SIGTERM at LEARN_S s of its wall time (it checkpoints, writes its logs and ends); learn.md sets each
+    seed's return against TARGETS, learn/<run>/ holds its event files (the curves). The dry run: MJX_TINY, no target."""
+    target = None if o.dry_run else TARGETS[o.env_id]
+    flags = MJX_TINY if o.dry_run else ["--env-id", o.env_id, "--sim", "mjx", "--preset", "worlds", "--gpu", "true"]
+    runs, budget = [], min(LEARN_S, o.seconds - LEARN_MARGIN_S)
+    for seed in (1, 2, 3):  # in this part's process group: its limit stops them too
+        argv = [sys.executable, os.path.join(ROOT, "ppo_continuous.py"), *flags, "--seed", str(seed)]
+        argv += ["--total-timesteps", str(10**9), "--no-progress-bar"]  # the wall time ends it, not the steps
+        os.makedirs(os.path.join(o.work, f"seed{seed}"))
+        runs.append((seed, time.time(), subprocess.Popen(argv, cwd=os.path.join(o.work, f"seed{seed}"))))
+    while time.time() < runs[0][1] + budget and any(proc.poll() is None for *_, proc in runs):
+        time.sleep(1)
+    for *_, proc in runs:
+        proc.send_signal(signal.SIGTERM)  # nothing for a run that has ended
+    for *_, proc in runs:
+        try:
+            proc.wait(LEARN_MARGIN_S - 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the table shows what its event files hold
+    rows, done = [], []
+    for seed, start, proc in runs:
+        name, figures = learned(os.path.join(o.work, f"seed{seed}", "runs"), start, target, o.out)
+        met = speed.DASH if target is None else "yes" if (figures[5] or float("inf")) <= LEARN_S else "no"
+        cells = [speed.fmt(x, 1 if i == 3 else 0) for i, x in enumerate(figures)]
+        rows.append([f"seed {seed}", name or f"logged no return (exit {proc.returncode})", *cells, met])
+        done += [figures] if figures[3] is not None else []
+    spread = [f"{speed.fmt(fmean(c), d)} ± {speed.fmt(pstdev(c), d)}" for c, d in zip(zip(*done), (0, 0, 0, 1))]
+    met = speed.DASH if target is None else "yes" if done and fmean(f[3] for f in done) >= target else "no"
+    rows.append(["mean ± std", f"{len(done)} seeds", *(spread or [speed.DASH] * 4), speed.DASH, speed.DASH, met])
+    header = ["", "run", "steps", "wall s", "SPS (steps / wall s)", "return (last 20)", "past target at step", "at s"]
+    note = f"met: a seed's mean of 20 returns passed the target in {LEARN_S} s; the seeds' last means average over it"
+    title = f"{flags[1]}: `ppo_continuous.py {shlex.join(flags)}`, seeds 1, 2, 3 at once, {budget:.0f} s each"
+    with open(os.path.join(o.out, "learn.md"), "w") as f:
+        f.write(speed.document(title, speed.machine_info(), note, speed.md_table([*header, "met"], rows)))
+    goal = "none (dry run)" if target is None else f">= {speed.fmt(target, 2)} (CleanRL, v4, 1M steps)"
+    summary_rows = [[f"{flags[1]}, {budget:.0f} s: {r[0]}", f"{r[5]} return", goal, "-", r[-1], "-", "-"] for r in rows]
+    with open(os.path.join(o.work, "learn.json"), "w") as f:
+        json.dump(summary_rows, f)
+    return 0 if len(done) == len(runs) else 1
+
+
+def learned(folder: str, start: float, target: float | None, out: str) -> tuple[str, list]:
+    """The run in ``folder`` (a runs/) started at ``start``, from its event files, copied to out/learn/<run>/: its name,
+    [steps, wall s, SPS, its last 20 returns' mean, the step and s that mean first passed ``target``] or Nones."""
+    name, events = "", {}
+    for file in glob.glob(os.path.join(folder, "*", "events.out.tfevents*")):
+        name = os.path.basename(os.path.dirname(file))
+        os.makedirs(os.path.join(out, "learn", name), exist_ok=True)
+        shutil.copy(file, os.path.join(out, "learn", name))
+        for tag, values in speed.report.read_event_file(file)[0].items():
+            events.setdefault(tag, []).extend(values)
+    returns = sorted(events.get(speed.report.RETURN_TAG, []), key=lambda e: e[0])  # (step, wall time, return)
+    if not returns:
+        return name, [None] * 6
+    steps = max(e[0] for values in events.values() for e in values)
+    wall = max(e[1] for values in events.values() for e in values) - start
+    means = ((returns[i][:2], fmean(e[2] for e in returns[i - 19 : i + 1])) for i in range(19, len(returns)))
+    step, when = next((at for at, mean in means if target is not None and mean >= target), (None, None))
+    return name, [steps, wall, steps / wall, fmean(e[2] for e in returns[-20:]), step, when and when - start]
 
 
 def write(o, name: str, title: str, info: dict, results: dict[str, speed.Result]) -> None:
@@ -300,6 +369,7 @@ def cmd_run(o) -> int:
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
         "ab": [*me, "ab"],
         "mjx": [*me, "mjx"],
+        "learn": [*me, "learn", "--env-id", o.env_id],
         "ceilings": [*me, "ceilings"],
         "profile": [sys.executable, "dev/profile_atari.py", *profile, "--out", o.out],
     }
@@ -310,7 +380,8 @@ def cmd_run(o) -> int:
         if limit < 15:
             statuses.append([name, "skipped: the call's time was up", "0", "-"])
             continue
-        argv = commands[name] + (["--seconds", f"{limit - GRACE_S:.0f}"] if name in ("ab", "ceilings", "mjx") else [])
+        timed = name in ("ab", "ceilings", "mjx", "learn")  # the parts that keep to --seconds
+        argv = commands[name] + (["--seconds", f"{limit - GRACE_S:.0f}"] if timed else [])
         print(f"[lease] {name}: at most {limit:.0f} s ...", flush=True)
         t0 = time.monotonic()
         status = run_part(name, argv, limit, os.path.join(o.out, output))
@@ -381,6 +452,9 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
         row(f"{worlds}, eager", "mjx/worlds", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096")),
         row(f"{worlds}, --compile --cudagraphs", "mjx/worlds-graphs", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096")),
     ]
+    if os.path.isfile(os.path.join(work, "learn.json")):  # the learn part's rows
+        with open(os.path.join(work, "learn.json")) as f:
+            rows += json.load(f)
     changes = [[key, f"{sps / old(key):.2f}x"] for key, sps in ab.items() if "before" not in key and sps and old(key)]
     dry = " (dry run: tiny sizes on the CPU, the figures mean nothing)" if o.dry_run else ""
     header = "figure | measured | target | ratio (>= 1 meets it) | met | of the env's own rate | after / before"
@@ -445,20 +519,22 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--carry", nargs="*", default=[], help="more paths the call carries (a run: runs/<run>)")
     run = sub.add_parser("run", help="on the GPU machine: the parts, inside --seconds")
     names = [name for name, *_ in PARTS]
-    run.add_argument("--parts", nargs="+", choices=names, default=names, help="only these (a second call)")
+    run.add_argument("--parts", nargs="+", choices=names, default=names[:-1], help="only these; learn only when named")
     part = sub.add_parser("part", help="one part (run starts them)")
-    part.add_argument("name", choices=["ab", "ceilings", "mjx"])
+    part.add_argument("name", choices=["ab", "ceilings", "mjx", "learn"])
     part.add_argument("--work", required=True, help="the folder of the figures the summary reads")
     for sp in (run, part):
         sp.add_argument("--out", required=True, help="the folder of the files that come back ($OUT)")
         sp.add_argument("--before", default=BEFORE, help="the old code's folder (prepare writes it)")
         sp.add_argument("--seconds", type=float, default=450, help="the time of all parts (of the part, for part)")
+        sp.add_argument("--env-id", choices=sorted(TARGETS), default="HalfCheetah-v5", help="the learn part's task")
         sp.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check every command")
     try:
         o = p.parse_args(argv)
         if o.mode == "prepare":
             return cmd_prepare(o)
-        return cmd_run(o) if o.mode == "run" else {"ab": part_ab, "ceilings": part_ceilings, "mjx": part_mjx}[o.name](o)
+        parts = {"ab": part_ab, "ceilings": part_ceilings, "mjx": part_mjx, "learn": part_learn}
+        return cmd_run(o) if o.mode == "run" else parts[o.name](o)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -108,6 +108,29 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     pattern = r"^\| (?:one group|two halves|--async-envs 1) \(eager\) \| update \(eager\)[^|]*\| ([\d,]+) \|"
     predictions = re.findall(pattern, profile_text, re.M)
     assert len(predictions) == 3 and all(int(p.replace(",", "")) > 0 for p in predictions), profile_text
+    if mjx_envs.missing_extra():
+        return
+    # the learn part, a call of its own: 3 tiny seeds at once, each stopped by SIGTERM at 25 s (after the mjx part,
+    # so JAX's compilation cache holds their step), their event files read and brought back
+    learn = tmp_path / "learn"
+    cmd = [*cmd[:-1], learn, "--before", old_code, "--parts", "learn", "--seconds", "60"]
+    res = subprocess.run([*map(str, cmd)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert sorted(os.listdir(learn)) == ["learn", "learn.md", "lease.log", "summary.md"]
+    runs = sorted(os.listdir(learn / "learn"))
+    assert [run.split("__")[2] for run in runs] == ["1", "2", "3"], runs
+    for run in runs:  # the curves, not the checkpoints
+        assert [f.split(".")[:3] for f in os.listdir(learn / "learn" / run)] == [["events", "out", "tfevents"]]
+    assert (learn / "lease.log").read_text().count("stopping on SIGTERM: checkpoint at step") == 3
+    rows = table_rows((learn / "learn.md").read_text())
+    summary = table_rows((learn / "summary.md").read_text())
+    for seed, run in zip((1, 2, 3), runs):
+        name, steps, wall, sps, final, *passed = rows[f"seed {seed}"]
+        assert name == run and int(steps.replace(",", "")) >= 128 and 15 < float(wall) < 40, rows
+        assert float(final) > 0 and passed == ["-", "-", "-"]  # no target in the dry run
+        assert summary[f"InvertedPendulum-v5, 25 s: seed {seed}"] == [f"{final} return", "none (dry run)", *"----"]
+    assert rows["mean ± std"][0] == "3 seeds" and " ± " in rows["mean ± std"][4]
+    assert "| learn | ok |" in res.stdout
 
 
 def test_the_flag_check_parses_with_each_folders_own_script(tmp_path, monkeypatch):
@@ -169,10 +192,11 @@ def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, m
     """Each part gets at most its own limit and leaves the later parts their share: even when every part runs to its
     limit, all of them run and the call ends inside --seconds."""
     clock = [0.0]
-    limits = {}
+    limits, argvs = {}, {}
 
     def run_part(name, argv, limit, output):
         limits[name] = limit
+        argvs[name] = argv
         clock[0] += limit
         return "cut off"
 
@@ -186,6 +210,34 @@ def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, m
     limits.clear()
     assert gpu_lease.main([*args[:-1], "150", "--parts", "tests", "ab"]) == 1  # a second, shorter call
     assert limits == {"tests": 45, "ab": 100}  # ab keeps its 100 s
+    clock[0] = 0
+    limits.clear()
+    assert gpu_lease.main([*args[:-1], "340", "--parts", "learn", "--env-id", "Hopper-v5"]) == 1  # CONTRIBUTING.md's
+    assert limits == {"learn": 335} and argvs["learn"][-4:] == ["--env-id", "Hopper-v5", "--seconds", "320"]
+    assert min(gpu_lease.LEARN_S, 320 - gpu_lease.LEARN_MARGIN_S) == 300  # each seed's 5 minutes
+
+
+def test_a_learning_run_is_read_against_its_target_and_its_curve_copied(tmp_path):
+    """The mean of 20 returns first passes the target at the episode that lifts it over, at that episode's wall time
+    since the run's start; steps and wall time are the last of any tag."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    start, run = 1000.0, tmp_path / "runs" / "Hopper-v5__ppo_continuous__1__1"
+    writer = EventFileWriter(str(run))
+    events = [(1000 * i, start + i, "charts/episodic_return", 100.0 * i) for i in range(30)]  # 0, 100, ..., 2,900
+    for step, wall, tag, value in [*events, (30_000, start + 40, "charts/SPS", 5.0)]:
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+        writer.add_event(Event(step=step, wall_time=wall, summary=summary))
+    writer.close()
+    (run / "checkpoint.pt").write_bytes(b"weights")
+    # episodes 1..20 average 1,050 (0..19: 950): past 1,000 at episode 20, step 20,000, 20 s; the last 20: 1,950
+    name, figures = gpu_lease.learned(str(tmp_path / "runs"), start, 1000.0, str(tmp_path / "out"))
+    assert name == run.name and figures == [30_000, 40.0, 750.0, 1950.0, 20_000, 20.0]
+    assert os.listdir(tmp_path / "out" / "learn" / name) == [f for f in os.listdir(run) if f.startswith("events.")]
+    assert gpu_lease.learned(str(tmp_path / "runs"), start, 3000.0, str(tmp_path / "again"))[1][4:] == [None, None]
+    assert gpu_lease.learned(str(tmp_path / "none"), start, 1000.0, str(tmp_path / "out")) == ("", [None] * 6)
 
 
 def test_summary_sets_each_figure_against_its_target(tmp_path):
