@@ -238,15 +238,15 @@ def part_mjx(o) -> int:
 
 
 def part_learn(o) -> int:
-    """#40's learning targets: seeds 1, 2, 3 of ppo_continuous.py --sim mjx --preset worlds at once on the one GPU,
-    each sent SIGTERM at LEARN_S s of its wall time (it checkpoints, writes its logs and ends); learn.md sets each
-    seed's return against TARGETS, learn/<run>/ holds its event files (the curves). The dry run: MJX_TINY, no target."""
+    """#40's learning targets: seeds 1-3 of ppo_continuous.py --sim mjx --preset worlds at once on the GPU, each sent
+    SIGTERM at LEARN_S s of wall time (it checkpoints, logs and ends; constant learning rate: no step budget ends it);
+    learn.md: each seed's return against TARGETS; learn/<run>/: its event files. Dry run: MJX_TINY, no target."""
     target = None if o.dry_run else TARGETS[o.env_id]
     flags = MJX_TINY if o.dry_run else ["--env-id", o.env_id, "--sim", "mjx", "--preset", "worlds", "--gpu", "true"]
     runs, budget = [], min(LEARN_S, o.seconds - LEARN_MARGIN_S)
     for seed in (1, 2, 3):  # in this part's process group: its limit stops them too
         argv = [sys.executable, os.path.join(ROOT, "ppo_continuous.py"), *flags, "--seed", str(seed)]
-        argv += ["--total-timesteps", str(10**9), "--no-progress-bar"]  # the wall time ends it, not the steps
+        argv += ["--total-timesteps", str(10**9), "--no-anneal-lr", "--no-progress-bar"]  # the wall time ends it
         os.makedirs(os.path.join(o.work, f"seed{seed}"))
         runs.append((seed, time.time(), subprocess.Popen(argv, cwd=os.path.join(o.work, f"seed{seed}"))))
     while time.time() < runs[0][1] + budget and any(proc.poll() is None for *_, proc in runs):
