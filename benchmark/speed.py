@@ -508,33 +508,27 @@ def parser() -> Parser:
     return p
 
 
+@sweep.one_line_errors
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     argv, passthrough = argv[:cut], argv[cut + 1 :]
-    try:
-        a = parser().parse_args(argv)
-        if passthrough and a.mode != "run":
-            raise UsageError("arguments after -- are for `run` only")
-        import torch
+    a = parser().parse_args(argv)
+    if passthrough and a.mode != "run":
+        raise UsageError("arguments after -- are for `run` only")
+    import torch
 
-        gpu = torch.cuda.is_available() if getattr(a, "profile", None) is None else a.profile == "gpu"
-        defaults = {"profile": "gpu" if gpu else "cpu", "seconds": 2 if gpu else 5, "budget_minutes": 8 if gpu else 0}
-        defaults |= {"atari_envs": [16, 64, 128] if gpu else [16, 64], "async_envs": [16] if gpu else []}
-        defaults |= {"snake_sizes": [2**k for k in range(12, 23, 2)] if gpu else [256, 4096, 65536]}
-        defaults |= {"mjx_envs": [4096] if gpu else [], "repeats": 1, "scale": 1.0}
-        if a.mode == "compare":
-            defaults |= {"profile": a.which, "scale": a.iterations, "budget_minutes": 0}
-        for name, value in defaults.items():
-            if getattr(a, name, None) is None:
-                setattr(a, name, value)
-        return (cmd_run if a.mode == "run" else cmd_table)(a, passthrough)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the runs this tool started were sent SIGTERM", file=sys.stderr)
-        return 130
+    gpu = torch.cuda.is_available() if getattr(a, "profile", None) is None else a.profile == "gpu"
+    defaults = {"profile": "gpu" if gpu else "cpu", "seconds": 2 if gpu else 5, "budget_minutes": 8 if gpu else 0}
+    defaults |= {"atari_envs": [16, 64, 128] if gpu else [16, 64], "async_envs": [16] if gpu else []}
+    defaults |= {"snake_sizes": [2**k for k in range(12, 23, 2)] if gpu else [256, 4096, 65536]}
+    defaults |= {"mjx_envs": [4096] if gpu else [], "repeats": 1, "scale": 1.0}
+    if a.mode == "compare":
+        defaults |= {"profile": a.which, "scale": a.iterations, "budget_minutes": 0}
+    for name, value in defaults.items():
+        if getattr(a, name, None) is None:
+            setattr(a, name, value)
+    return (cmd_run if a.mode == "run" else cmd_table)(a, passthrough)
 
 
 if __name__ == "__main__":

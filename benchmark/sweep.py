@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ import sys
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -599,19 +600,32 @@ def sweep_main(grid: str, argv: list[str]) -> int:
     return 0
 
 
+def one_line_errors(main: Callable[..., int]) -> Callable[..., int]:
+    """A tool's ``main`` (sweep, tune, speed and the developers'): bad input, a SweepError, is one ``error:`` line and
+    exit 2; a Ctrl-C that reaches it is one line and exit 130; never a traceback."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except SweepError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+    return wrapped
+
+
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv[:1] == ["task"] and len(argv) == 3:
-            return run_task(argv[1], argv[2])
-        if not argv or argv[0] not in GRID_FLAGS:
-            raise SweepError(
-                f"name the grid first: benchmark/sweep.py {{{','.join(GRID_FLAGS)}}} [options] [-- run args]"
-            )
-        return sweep_main(argv[0], argv[1:])
-    except SweepError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if argv[:1] == ["task"] and len(argv) == 3:
+        return run_task(argv[1], argv[2])
+    if not argv or argv[0] not in GRID_FLAGS:
+        raise SweepError(f"name the grid first: benchmark/sweep.py {{{','.join(GRID_FLAGS)}}} [options] [-- run args]")
+    return sweep_main(argv[0], argv[1:])
 
 
 if __name__ == "__main__":

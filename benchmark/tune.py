@@ -506,59 +506,56 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     return config, [parse_enqueue(text, space, fields, a.script) for text in a.enqueue]
 
 
+@sweep.one_line_errors
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    try:
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
-        a = build_parser().parse_args(argv[:cut])
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(_[A-Za-z0-9.-]+)*", a.study_name):
-            raise SweepError(f"--study-name '{a.study_name}': use letters, digits, '.', '-' and single '_'")
-        log_dir = os.path.abspath(a.log_dir or os.path.join(RUNS_DIR, "tune", a.study_name))
-        storage = a.storage or os.path.join(log_dir, "study.journal")
-        storage = re.sub(r"^sqlite:///(?=[^/])", f"sqlite:///{os.getcwd()}/", storage)  # absolute, for SLURM tasks
-        storage = storage if "://" in storage else os.path.abspath(storage)
-        config = enqueued = None
-        if a.script in ("attach", "report") and "://" not in storage and not os.path.isfile(storage):
-            raise SweepError(f"no study journal {storage}; give the --storage the study was started with")
-        if a.script not in ("attach", "report"):
-            sweep.check_modes(a)
-            config, enqueued = make_config(a, argv[cut + 1 :])
-        if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
-            attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
-            attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
-            note = f"each task: one more worker on study {a.study_name}"
-            script = sweep.sbatch_script(f"tune-{a.study_name}", a.workers, log_dir, a, shlex.join(attach), note)
-        if a.slurm and a.dry_run:
-            sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
-            return 0
-        storage_obj = open_storage(storage)
-        if enqueued is not None and a.study_name not in optuna.get_all_study_names(storage_obj):
-            earlier = glob.glob(os.path.join(RUNS_DIR, f"*__{a.study_name}_t[0-9]*__*"))
-            if earlier:
-                raise SweepError(f"runs/ holds runs of an earlier study {a.study_name} ({earlier[0]}): use a new name")
-            for values in enqueued:  # run first
-                load_study(storage_obj, a.study_name, config)[0].enqueue_trial(values)
-        study, config = load_study(storage_obj, a.study_name, config, int(os.environ.get("SLURM_ARRAY_TASK_ID") or 0))
-        if a.script == "report":
-            write_report(study, config, storage, os.path.abspath(a.out or log_dir))
-            return 0
-        if a.slurm:
-            sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
-            say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
-            return 0
-        say(f"study {a.study_name} in {storage}: {config['trials']} trials of {config['script']}; logs in {log_dir}")
-        if Worker(study, config, a, log_dir).run():
-            say(f"stopped: the same command (or tune.py attach --study-name {a.study_name} ...) continues the study")
-            return 130
-        if any(t.state.name == "RUNNING" for t in study.trials):
-            say("this worker is done; trials still run elsewhere: `tune.py report` when they end")
-        else:
-            write_report(study, config, storage, log_dir)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    a = build_parser().parse_args(argv[:cut])
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(_[A-Za-z0-9.-]+)*", a.study_name):
+        raise SweepError(f"--study-name '{a.study_name}': use letters, digits, '.', '-' and single '_'")
+    log_dir = os.path.abspath(a.log_dir or os.path.join(RUNS_DIR, "tune", a.study_name))
+    storage = a.storage or os.path.join(log_dir, "study.journal")
+    storage = re.sub(r"^sqlite:///(?=[^/])", f"sqlite:///{os.getcwd()}/", storage)  # absolute, for SLURM tasks
+    storage = storage if "://" in storage else os.path.abspath(storage)
+    config = enqueued = None
+    if a.script in ("attach", "report") and "://" not in storage and not os.path.isfile(storage):
+        raise SweepError(f"no study journal {storage}; give the --storage the study was started with")
+    if a.script not in ("attach", "report"):
+        sweep.check_modes(a)
+        config, enqueued = make_config(a, argv[cut + 1 :])
+    if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
+        attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
+        attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
+        note = f"each task: one more worker on study {a.study_name}"
+        script = sweep.sbatch_script(f"tune-{a.study_name}", a.workers, log_dir, a, shlex.join(attach), note)
+    if a.slurm and a.dry_run:
+        sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
         return 0
-    except SweepError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    storage_obj = open_storage(storage)
+    if enqueued is not None and a.study_name not in optuna.get_all_study_names(storage_obj):
+        earlier = glob.glob(os.path.join(RUNS_DIR, f"*__{a.study_name}_t[0-9]*__*"))
+        if earlier:
+            raise SweepError(f"runs/ holds runs of an earlier study {a.study_name} ({earlier[0]}): use a new name")
+        for values in enqueued:  # run first
+            load_study(storage_obj, a.study_name, config)[0].enqueue_trial(values)
+    study, config = load_study(storage_obj, a.study_name, config, int(os.environ.get("SLURM_ARRAY_TASK_ID") or 0))
+    if a.script == "report":
+        write_report(study, config, storage, os.path.abspath(a.out or log_dir))
+        return 0
+    if a.slurm:
+        sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
+        say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
+        return 0
+    say(f"study {a.study_name} in {storage}: {config['trials']} trials of {config['script']}; logs in {log_dir}")
+    if Worker(study, config, a, log_dir).run():
+        say(f"stopped: the same command (or tune.py attach --study-name {a.study_name} ...) continues the study")
+        return 130
+    if any(t.state.name == "RUNNING" for t in study.trials):
+        say("this worker is done; trials still run elsewhere: `tune.py report` when they end")
+    else:
+        write_report(study, config, storage, log_dir)
+    return 0
 
 
 if __name__ == "__main__":

@@ -509,6 +509,7 @@ def cmd_prepare(o) -> int:
     return 0
 
 
+@speed.sweep.one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = speed.Parser(prog="gpu_lease.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True, parser_class=speed.Parser)
@@ -529,17 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--seconds", type=float, default=450, help="the time of all parts (of the part, for part)")
         sp.add_argument("--env-id", choices=sorted(TARGETS), default="HalfCheetah-v5", help="the learn part's task")
         sp.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check every command")
-    try:
-        o = p.parse_args(argv)
-        if o.mode == "prepare":
-            return cmd_prepare(o)
-        parts = {"ab": part_ab, "ceilings": part_ceilings, "mjx": part_mjx, "learn": part_learn}
-        return cmd_run(o) if o.mode == "run" else parts[o.name](o)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # a part at its limit: what it measured is written already
-        return 130
+    o = p.parse_args(argv)
+    if o.mode == "prepare":
+        return cmd_prepare(o)
+    parts = {"ab": part_ab, "ceilings": part_ceilings, "mjx": part_mjx, "learn": part_learn}
+    return cmd_run(o) if o.mode == "run" else parts[o.name](o)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,7 @@ def cmd_concurrency(a) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+@speed.sweep.one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = speed.Parser(prog="speed_dev.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True, parser_class=speed.Parser)
@@ -209,15 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument(
             "--host", default=os.environ.get("HOST_LABEL", speed.socket.gethostname()), help="name in files"
         )
-    try:
-        a = p.parse_args(argv)
-        return {"before": cmd_before, "ab": cmd_ab, "concurrency": cmd_concurrency}[a.mode](a)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the runs this tool started were sent SIGTERM", file=sys.stderr)
-        return 130
+    a = p.parse_args(argv)
+    return {"before": cmd_before, "ab": cmd_ab, "concurrency": cmd_concurrency}[a.mode](a)
 
 
 if __name__ == "__main__":
