@@ -110,10 +110,11 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     assert len(predictions) == 3 and all(int(p.replace(",", "")) > 0 for p in predictions), profile_text
     if mjx_envs.missing_extra():
         return
-    # the learn part, a call of its own: 3 tiny seeds at once, each stopped by SIGTERM at 25 s (after the mjx part,
-    # so JAX's compilation cache holds their step), their event files read and brought back
+    # the learn part, a call of its own: 3 tiny seeds at once, each stopped by SIGTERM at 45 s (after the mjx part,
+    # so JAX's compilation cache holds their step), their event files read and brought back. 45 s, not 25: in a fresh
+    # clone's CI on the 2-core VM, beside the other tests, one seed logged no episode in 25 s
     learn = tmp_path / "learn"
-    cmd = [*cmd[:-1], learn, "--before", old_code, "--parts", "learn", "--seconds", "60"]
+    cmd = [*cmd[:-1], learn, "--before", old_code, "--parts", "learn", "--seconds", "80"]
     res = subprocess.run([*map(str, cmd)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert sorted(os.listdir(learn)) == ["learn", "learn.md", "lease.log", "summary.md"]
@@ -126,9 +127,9 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     summary = table_rows((learn / "summary.md").read_text())
     for seed, run in zip((1, 2, 3), runs):
         name, steps, wall, sps, final, *passed = rows[f"seed {seed}"]
-        assert name == run and int(steps.replace(",", "")) >= 128 and 15 < float(wall) < 40, rows
+        assert name == run and int(steps.replace(",", "")) >= 128 and 35 < float(wall) < 60, rows
         assert float(final) > 0 and passed == ["-", "-", "-"]  # no target in the dry run
-        assert summary[f"InvertedPendulum-v5, 25 s: seed {seed}"] == [f"{final} return", "none (dry run)", *"----"]
+        assert summary[f"InvertedPendulum-v5, 45 s: seed {seed}"] == [f"{final} return", "none (dry run)", *"----"]
     assert rows["mean ± std"][0] == "3 seeds" and " ± " in rows["mean ± std"][4]
     assert "| learn | ok |" in res.stdout
 
