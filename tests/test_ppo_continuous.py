@@ -18,6 +18,7 @@ from helpers import assert_micro_batches_match, assert_one_line_error, run_in_pr
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")
 sys.path.insert(0, str(ROOT))
+import continuous_envs  # noqa: E402
 import ppo_continuous as pc  # noqa: E402
 
 torch.set_num_threads(1)
@@ -154,7 +155,7 @@ def test_gpu_true_without_cuda(tmp_path):
 
 
 def test_obs_statistics_match_the_data_and_survive_a_checkpoint(tmp_path):
-    rms = pc.RunningMeanStd((5,))
+    rms = continuous_envs.RunningMeanStd((5,))
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, size=(4, 5)) for _ in range(20)]
     for b in batches:
@@ -166,7 +167,7 @@ def test_obs_statistics_match_the_data_and_survive_a_checkpoint(tmp_path):
     assert np.array_equal(rms.normalize(x, False), host)
     # a checkpoint's (mean, var, count) loads back bit for bit (torch.load with weights_only, as the script does)
     torch.save({"obs_rms": rms.state()}, tmp_path / "stats.pt")
-    loaded = pc.RunningMeanStd(state=torch.load(tmp_path / "stats.pt", weights_only=True)["obs_rms"])
+    loaded = continuous_envs.RunningMeanStd(state=torch.load(tmp_path / "stats.pt", weights_only=True)["obs_rms"])
     assert np.array_equal(loaded.normalize(x, False), host) and loaded.count == rms.count
     loaded.update(x[:7])
     rms.update(x[:7])
@@ -208,7 +209,7 @@ def act(saved, obs):
     """The mean actions of a checkpoint or .model file's policy: its weights on its normalisation statistics."""
     agent = pc.Agent(3, 1, [64, 64])
     agent.load_state_dict(saved["model"])
-    norm_obs = pc.RunningMeanStd(state=saved["obs_rms"]).normalize(obs, False)
+    norm_obs = continuous_envs.RunningMeanStd(state=saved["obs_rms"]).normalize(obs, False)
     with torch.no_grad():
         return agent.mean(torch.as_tensor(norm_obs, dtype=torch.float32))
 
@@ -385,16 +386,14 @@ def test_clip_grad_norm_matches_torch():
 def test_a_host_env_step_goes_to_the_device_in_one_copy():
     """A step's observations, rewards and dones leave the host as one tensor (the three are views of it): on a GPU
     each small host-to-device copy is its own call and staging, and the rollout makes one per env step."""
-    import gymnasium as gym
-
-    envs = gym.vector.SyncVectorEnv([pc.make_env("Pendulum-v1", i, False, "", False) for i in range(3)])
-    host_envs = pc.HostEnvs(envs, 0.99, torch.device("cpu"))
+    fns = [pc.make_env("Pendulum-v1", i, False, "", False) for i in range(3)]
+    host_envs = continuous_envs.HostEnvs(fns, False, 0.99, torch.device("cpu"))
     host_envs.reset(seed=1)
     obs, rewards, dones = host_envs.step(torch.zeros(3, 1), None, 3)
     assert obs.shape == (3, 3) and rewards.shape == dones.shape == (3,)
     assert obs.dtype == rewards.dtype == dones.dtype == torch.float32
     assert len({t.untyped_storage().data_ptr() for t in (obs, rewards, dones)}) == 1
-    envs.close()
+    host_envs.close()
 
 
 def test_compute_gae_matches_hand_computation():
