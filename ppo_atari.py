@@ -2,7 +2,6 @@
 # Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7      (torchrun --nproc-per-node N for N GPUs)
 import collections
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -21,51 +20,13 @@ import run_utils
 
 
 @dataclass
-class Args:
+class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (--gpu, --resume, --cudagraphs, ...)
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
     """seed of the experiment (process rank r under torchrun uses seed + r for sampling)"""
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
-    gpu: str = "auto"
-    """auto (a GPU when there is one), true (a GPU or an error), false (CPU), or a GPU index N / cuda:N"""
-    cuda_offset: int | None = None
-    """first GPU of the rotation (None: the CUDA_OFFSET environment variable, else 0)"""
-    session: int = 0
-    """run number of a sweep; with --gpu auto/true, runs rotate over the GPUs as (cuda_offset + session) % num_gpus"""
-    tf32: bool = True
-    """allow TF32 matmuls and convolutions on GPUs that support them"""
-    num_threads: int = 0
-    """CPU threads (0: the CPUs this run may use, capped by SLURM_CPUS_PER_TASK and OMP_NUM_THREADS)"""
-    track: bool = False
-    """mirror the TensorBoard logs to Weights and Biases"""
-    wandb_project_name: str = "gpu-rl"
-    """the wandb project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the wandb project"""
-    capture_video: bool = False
-    """record env 0's games as the agent sees them (84x84 frames) to videos/<run_name>, on a cubic schedule"""
-    progress_bar: bool = True
-    """show a progress bar (off: a log line every 10 iterations)"""
-    checkpoint_every: int = 100
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
-    resume: str | None = None
-    """checkpoint.pt of a stopped run to continue (same run dir, settings and total steps)"""
-    save_model: bool = False
-    """save the final model to runs/<run_name>/<exp_name>.model"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint or saved model without training and print the mean and std of the episodic return"""
-    eval_episodes: int = 10
-    """episodes for --eval-checkpoint (one per env, played in parallel)"""
-    compile: bool = False
-    """torch.compile the action step and the loss"""
-    cudagraphs: bool = False
-    """CUDA graphs: the compiled action step (mode reduce-overhead) and each whole minibatch step; implies --compile"""
-    amp: bool = False
-    """bf16 autocast for the network's trunk (heads, log-probs, values and losses stay fp32)"""
-    micro_batch: str = "auto"
-    """rows per backward pass: auto (the whole minibatch, halved on CUDA out-of-memory) or N"""
 
     # Algorithm specific arguments
     env_id: str = "ALE/Breakout-v5"
@@ -118,10 +79,7 @@ class Args:
 
 
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
-RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
-RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
-RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_threads", "channels_last"}
-RUNTIME_FLAGS |= {"overlap_envs"}
+RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_threads", "channels_last", "overlap_envs"}
 
 
 def validate(args: Args, world_size: int) -> None:
@@ -512,8 +470,7 @@ if __name__ == "__main__":
         agent = Agent(envs.single_action_space.n, args.amp).to(device)
         run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
         scores = evaluate(envs, lambda x: Categorical(logits=agent(x)[0]).sample(), device, args.seed)
-        print(f"eval {args.env_id}: mean return {scores.mean():.2f} +- {scores.std():.2f} over {len(scores)} episodes")
-        sys.exit(0)
+        run_utils.end_evaluation(args.env_id, scores)
     # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on the other half's
     num_groups = 2 if args.overlap_envs and args.num_envs >= 2 and not args.async_envs else 1
     env_rows = [

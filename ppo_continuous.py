@@ -2,7 +2,6 @@
 # Usage: python ppo_continuous.py --env-id HalfCheetah-v5        python ppo_continuous.py --preset heavy
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -20,51 +19,15 @@ import run_utils
 
 
 @dataclass
-class Args:
+class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (--gpu, --resume, --cudagraphs, ...)
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
-    gpu: str = "auto"
-    """auto (a GPU for a preset or a network of >= 256 units, else the CPU), true, false, or a GPU index N / cuda:N"""
-    cuda_offset: int | None = None
-    """first GPU of the rotation (None: the CUDA_OFFSET environment variable, else 0)"""
-    session: int = 0
-    """run number of a sweep; with --gpu auto/true, runs rotate over the GPUs as (cuda_offset + session) % num_gpus"""
-    tf32: bool = True
-    """allow TF32 matmuls and convolutions on GPUs that support them"""
-    num_threads: int = 0
-    """CPU threads (0: the CPUs this run may use, capped by SLURM_CPUS_PER_TASK and OMP_NUM_THREADS)"""
-    track: bool = False
-    """mirror the TensorBoard logs to Weights and Biases"""
-    wandb_project_name: str = "gpu-rl"
-    """the wandb project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the wandb project"""
-    capture_video: bool = False
-    """record videos of env 0 to videos/<run_name>"""
-    progress_bar: bool = True
-    """show a progress bar (off: a log line every iteration)"""
     checkpoint_every: int = 50
     """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
-    resume: str | None = None
-    """checkpoint.pt of a stopped run to continue (same run dir, settings and total steps)"""
-    save_model: bool = False
-    """save the final model (with its observation-normalisation statistics) to runs/<run_name>/<exp_name>.model"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint or saved model without training and print the mean and std of the episodic return"""
-    eval_episodes: int = 10
-    """episodes for --eval-checkpoint (one per env, played in parallel, deterministic mean actions)"""
-    compile: bool = False
-    """torch.compile the action step and the loss (compiling takes a minute or more)"""
-    cudagraphs: bool = False
-    """CUDA graphs for the compiled action step and loss (torch.compile mode reduce-overhead; implies --compile)"""
-    amp: bool = False
-    """bf16 autocast for the networks' hidden layers (output layers, log-probs, values and losses stay fp32)"""
-    micro_batch: str = "auto"
-    """rows per backward pass: auto (the whole minibatch, halved on CUDA out-of-memory) or N"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v5"
@@ -118,9 +81,7 @@ class Args:
 
 
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
-RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
-RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
-RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "subproc", "mjx_impl"}
+RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"subproc", "mjx_impl"}
 DEFAULTS = dict(num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, network_arch="64,64")
 PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
     "fast": dict(num_envs=16, num_steps=256, minibatch_size="2048", update_epochs=15, network_arch="512,512"),
@@ -381,10 +342,7 @@ if __name__ == "__main__":
         agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden, args.amp)
         run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
         returns = evaluate(envs, agent, continuous_envs.RunningMeanStd(state=eval_ckpt["obs_rms"]), args.seed)
-        print(
-            f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"
-        )
-        sys.exit(0)
+        run_utils.end_evaluation(args.env_id, returns)
     # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
     cpu_share = gpu_utils.CpuShare(threads, max_torch_threads=torch_threads)
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"

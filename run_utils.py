@@ -9,6 +9,7 @@ a few visible lines for what every run does the same way. Importing it has no si
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -44,6 +45,59 @@ class RunInUse(ValueError):
 
 
 # ---------------------------------------------------------------- arguments
+@dataclasses.dataclass
+class RunArgs:
+    """How and where a run runs, the same flags in every script: a script's ``Args`` subclasses this and adds what
+    the run is (its name, seed, env and algorithm). ``--resume`` takes these from the command line (``RUN_FLAGS``) and
+    every other setting from the checkpoint."""
+
+    gpu: str = "auto"
+    """auto (a GPU when there is one, unless the script finds the CPU faster for this run and says so at start), true
+    (a GPU or an error), false (CPU), or a GPU index N / cuda:N"""
+    cuda_offset: int | None = None
+    """first GPU of the rotation (None: the CUDA_OFFSET environment variable, else 0)"""
+    session: int = 0
+    """run number of a sweep; with --gpu auto/true, runs rotate over the GPUs as (cuda_offset + session) % num_gpus"""
+    tf32: bool = True
+    """allow TF32 matmuls and convolutions on GPUs that support them"""
+    num_threads: int = 0
+    """CPU threads (0: the CPUs this run may use, capped by SLURM_CPUS_PER_TASK and OMP_NUM_THREADS)"""
+    track: bool = False
+    """mirror the TensorBoard logs to Weights and Biases"""
+    wandb_project_name: str = "gpu-rl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """record env 0's episodes to videos/<run_name> on a capped cubic schedule (episodes 0, 1, 8, 27, ..., 729, then
+    every 1000th)"""
+    progress_bar: bool = True
+    """show a progress bar (off: a log line at each logging interval)"""
+    checkpoint_every: int = 100
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
+    resume: str | None = None
+    """checkpoint.pt of a stopped run to continue (same run dir, settings and total steps)"""
+    save_model: bool = False
+    """save the final model (and what playing it needs) to runs/<run_name>/<exp_name>.model"""
+    eval_checkpoint: str | None = None
+    """evaluate this checkpoint or saved model without training and print the mean and std of the episodic return"""
+    eval_episodes: int = 10
+    """episodes for --eval-checkpoint (one per env, played in parallel)"""
+    compile: bool = False
+    """torch.compile the action step and the loss (the first iterations then take a minute or more)"""
+    cudagraphs: bool = False
+    """CUDA graphs: each whole training step as one captured graph where it can be, else the compiled action step and
+    loss (mode reduce-overhead); which, is said at start; implies --compile"""
+    amp: bool = False
+    """bf16 autocast for the network's hidden layers (outputs, log-probs, values, Q-values and losses stay fp32)"""
+    micro_batch: str = "auto"
+    """rows per backward pass: auto (the whole minibatch, halved on CUDA out-of-memory) or N"""
+
+
+RUN_FLAGS = {f.name for f in dataclasses.fields(RunArgs)}
+"""The flags ``--resume`` takes from the command line in every script; a script adds its own to ``RUNTIME_FLAGS``."""
+
+
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """Turn a ValueError or FileNotFoundError raised inside into one ``error: ...`` line on stderr and exit status
@@ -132,6 +186,12 @@ def print_config(args, given: dict, from_checkpoint: bool, runtime_flags: set, s
             typed = "default" if given[key] == getattr(defaults, key) else "command line"
             source = typed if value == given[key] else "derived"
         print(f"  {key:<26} {value!s:<18} ({source})")
+
+
+def end_evaluation(env: str, returns: np.ndarray) -> None:
+    """--eval-checkpoint's one result line, then exit status 0: the run trains nothing."""
+    print(f"eval {env}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    sys.exit(0)
 
 
 def print_device(device: torch.device, why: str, tf32: bool, amp: bool, threads: str) -> None:

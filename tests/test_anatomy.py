@@ -13,12 +13,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = ["ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py"]
-SHARED_FIELDS = ["exp_name", "seed", "torch_deterministic", "gpu", "cuda_offset", "session", "tf32", "num_threads"]
-SHARED_FIELDS += ["track", "wandb_project_name", "wandb_entity", "capture_video", "progress_bar", "checkpoint_every"]
-SHARED_FIELDS += ["resume", "save_model", "eval_checkpoint", "eval_episodes", "compile", "cudagraphs", "amp"]
-SHARED_FIELDS += ["micro_batch"]
-# what --resume takes from the command line in every script (how and where to run, not what to learn)
-SHARED_RUNTIME = set(SHARED_FIELDS) - {"exp_name", "seed", "torch_deterministic"}
+OWN_FIELDS = ["exp_name", "seed", "torch_deterministic"]  # what the run is: each script's own, first in its Args
+# how and where to run: run_utils.RunArgs, which every Args subclasses; --resume takes these from the command line
+RUN_FIELDS = ["gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"]
+RUN_FIELDS += ["capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"]
+RUN_FIELDS += ["eval_episodes", "compile", "cudagraphs", "amp", "micro_batch"]
 SECTIONS = ["environment", "network", "algorithm", "checkpoint and evaluation"]
 MAIN_SECTIONS = ["arguments and their checks", "device, threads, seeds", "logging", "env and network", "storage"]
 MAIN_SECTIONS += ["training loop", "logging", "end of the run"]
@@ -50,15 +49,20 @@ def source(script: str) -> str:
     return (ROOT / script).read_text()
 
 
-def args_fields(tree: ast.Module) -> list[tuple[str, bool]]:
-    """(name, has a docstring) of each Args field, in order."""
-    (args,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+def class_fields(tree: ast.Module, name: str) -> list[tuple[str, bool]]:
+    """(name, has a docstring) of each field of the class ``name``, in order."""
+    (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
     fields = []
-    for node, after in zip(args.body, args.body[1:] + [None]):
+    for node, after in zip(cls.body, cls.body[1:] + [None]):
         if isinstance(node, ast.AnnAssign):
             documented = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
             fields.append((node.target.id, documented and isinstance(after.value.value, str)))
     return fields
+
+
+def args_fields(tree: ast.Module) -> list[tuple[str, bool]]:
+    """(name, has a docstring) of each Args field: run_utils.RunArgs' first, then the script's own, in order."""
+    return class_fields(ast.parse(source("run_utils.py")), "RunArgs") + class_fields(tree, "Args")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -80,21 +84,25 @@ def test_header_sections_and_one_main_block(script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_shared_args_come_first_in_one_order_and_every_field_has_a_docstring(script):
-    fields = args_fields(ast.parse(source(script)))
-    assert [name for name, _ in fields[: len(SHARED_FIELDS)]] == SHARED_FIELDS
-    assert [name for name, documented in fields if not documented] == []
+    tree = ast.parse(source(script))
+    (args,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+    assert [ast.unparse(base) for base in args.bases] == ["run_utils.RunArgs"], "the run's flags are written once"
+    assert [name for name, _ in class_fields(ast.parse(source("run_utils.py")), "RunArgs")] == RUN_FIELDS
+    own = [name for name, _ in class_fields(tree, "Args") if name not in RUN_FIELDS]  # a run flag's default may differ
+    assert own[: len(OWN_FIELDS)] == OWN_FIELDS
+    assert [name for name, documented in args_fields(tree) if not documented] == []
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_same_runtime_flags_lifecycle_calls_log_keys_and_messages(script):
     text = source(script)
     tree = ast.parse(text)
-    namespace = {}
+    namespace = {"run_utils": __import__("run_utils")}
     for node in tree.body:  # RUNTIME_FLAGS is built by plain set literals: evaluate just those statements
         target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
         if isinstance(target, ast.Name) and target.id == "RUNTIME_FLAGS":
             exec(compile(ast.Module([node], []), script, "exec"), namespace)
-    assert SHARED_RUNTIME <= namespace["RUNTIME_FLAGS"]
+    assert set(RUN_FIELDS) <= namespace["RUNTIME_FLAGS"]
     arg_names = {name for name, _ in args_fields(tree)}
     assert namespace["RUNTIME_FLAGS"] <= arg_names, "a runtime flag that is not an Args field"
     main = text.split('\nif __name__ == "__main__":\n')[1]

@@ -102,8 +102,13 @@ def script_flags(script: str) -> set[str]:
     """The flags tyro makes of the script's Args fields: --field-name, and --no-field-name for a bool."""
     tree = ast.parse((ROOT / script).read_text())
     (args,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+    body = args.body
+    if "run_utils.RunArgs" in [ast.unparse(base) for base in args.bases]:  # the run's flags, shared by every script
+        shared = ast.parse((ROOT / "run_utils.py").read_text())
+        (run_args,) = [node for node in shared.body if isinstance(node, ast.ClassDef) and node.name == "RunArgs"]
+        body = run_args.body + body
     flags = {"--help"}
-    for node in args.body:
+    for node in body:
         if isinstance(node, ast.AnnAssign):
             name = node.target.id.replace("_", "-")
             flags.add(f"--{name}")
