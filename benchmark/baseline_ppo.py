@@ -70,7 +70,7 @@ MUJOCO |= dict(num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10,
 
 
 def resize(obs):
-    """84x84 bilinear, as CleanRL's ResizeObservation."""
+    """84x84, bilinear with Pillow (CleanRL's gymnasium ResizeObservation: OpenCV's INTER_AREA)."""
     return np.asarray(Image.fromarray(obs).resize((84, 84), Image.BILINEAR))
 
 
