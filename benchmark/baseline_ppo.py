@@ -3,13 +3,15 @@
     python benchmark/baseline_ppo.py --env-id ALE/Breakout-v5   # CleanRL's ppo_atari.py
     python benchmark/baseline_ppo.py --env-id HalfCheetah-v5    # CleanRL's ppo_continuous_action.py
 
-CleanRL's SyncVectorEnv over gym.make envs with its wrappers, float32 rollout storage, per-step host-device copies,
-networks, losses and hyperparameters. Changed to run here: gymnasium 1.x (SameStep autoreset, ``final_info``, its
-MaxAndSkipObservation), ALE v5 ids (sticky actions, grayscale, frameskip=1 for the wrapper to skip), the resize with
-Pillow (no OpenCV here), ``charts/SPS`` per iteration from the second on, as our scripts log it. Not for training.
+CleanRL's SyncVectorEnv over gym.make envs with its wrappers (for Atari, imported from stable-baselines3 as CleanRL
+imports them: `pip install -e ".[baseline]"`), float32 rollout storage, per-step host-device copies, networks, losses
+and hyperparameters. Changed to run here: gymnasium 1.x (SameStep autoreset, ``final_info``), ALE v5 ids (sticky
+actions, grayscale, frameskip=1 for MaxAndSkipEnv to skip), the resize with Pillow (no OpenCV here), ``charts/SPS``
+per iteration from the second on, as our scripts log it. Not for training.
 """
 
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -23,6 +25,17 @@ from PIL import Image
 from torch.distributions.categorical import Categorical
 from torch.distributions.normal import Normal
 from torch.utils.tensorboard import SummaryWriter
+
+try:
+    from stable_baselines3.common.atari_wrappers import (
+        ClipRewardEnv,
+        EpisodicLifeEnv,
+        FireResetEnv,
+        MaxAndSkipEnv,
+        NoopResetEnv,
+    )
+except ModuleNotFoundError:
+    sys.exit("error: the baseline needs stable-baselines3 (CleanRL's Atari wrappers): pip install -e '.[baseline]'")
 
 gym.register_envs(__import__("ale_py"))  # registers the ALE/<Game>-v5 ids
 
@@ -56,65 +69,8 @@ MUJOCO = dict(exp_name="baseline_ppo_continuous", cuda=False, total_timesteps=1_
 MUJOCO |= dict(num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, clip_coef=0.2, ent_coef=0.0)
 
 
-class NoopResetEnv(gym.Wrapper):
-    """Up to noop_max no-op actions after a reset."""
-
-    def __init__(self, env, noop_max=30):
-        super().__init__(env)
-        self.noop_max = noop_max
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
-                obs, info = self.env.reset(**kwargs)
-        return obs, info
-
-
-class EpisodicLifeEnv(gym.Wrapper):
-    """A lost life is terminal for learning; the game is only reset when it is really over."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.lives, self.was_real_done = 0, True
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.was_real_done = terminated or truncated
-        lives = self.env.unwrapped.ale.lives()
-        if 0 < lives < self.lives:
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, **kwargs):
-        if self.was_real_done:
-            obs, info = self.env.reset(**kwargs)
-        else:
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
-                obs, info = self.env.reset(**kwargs)
-        self.lives = self.env.unwrapped.ale.lives()
-        return obs, info
-
-
-class FireResetEnv(gym.Wrapper):
-    """Press FIRE (and then action 2) on reset, for games that wait for it."""
-
-    def reset(self, **kwargs):
-        self.env.reset(**kwargs)
-        obs, _, terminated, truncated, _ = self.env.step(1)
-        if terminated or truncated:
-            self.env.reset(**kwargs)
-        obs, _, terminated, truncated, _ = self.env.step(2)
-        if terminated or truncated:
-            self.env.reset(**kwargs)
-        return obs, {}
-
-
 def resize(obs):
-    """84x84 bilinear, as CleanRL's ResizeObservation."""
+    """84x84, bilinear with Pillow (CleanRL's gymnasium ResizeObservation: OpenCV's INTER_AREA)."""
     return np.asarray(Image.fromarray(obs).resize((84, 84), Image.BILINEAR))
 
 
@@ -132,11 +88,11 @@ def make_env(env_id, gamma):
         env = gym.make(env_id, frameskip=1, obs_type="grayscale")  # v5: sticky actions 0.25, minimal action set
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = NoopResetEnv(env, noop_max=30)
-        env = gym.wrappers.MaxAndSkipObservation(env, skip=4)
+        env = MaxAndSkipEnv(env, skip=4)
         env = EpisodicLifeEnv(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
             env = FireResetEnv(env)
-        env = gym.wrappers.TransformReward(env, np.sign)  # SB3's ClipRewardEnv
+        env = ClipRewardEnv(env)
         env = gym.wrappers.TransformObservation(env, resize, gym.spaces.Box(0, 255, (84, 84), np.uint8))
         return gym.wrappers.FrameStackObservation(env, 4)
 

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run_utils.py lives in the repository root, next to the training scripts
     sys.path.insert(0, ROOT)
 
-from sweep import Parser, count, parse_run_name  # noqa: E402  (one-line errors; the run names <env>__<exp>__<seed>__<time>)
+from sweep import Parser, SweepError, count, one_line_errors, parse_run_name  # noqa: E402  (one-line errors; run names)
 
 import run_utils  # noqa: E402
 
@@ -429,6 +429,7 @@ def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s:
     return "\n".join([*lines, *references_section(sorted({r.env for r in runs}), refs)]) + "\n"
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs_dir", help="the folder of the run folders (runs/)")
@@ -437,23 +438,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--last-n", type=count(1), default=100, help="episodes averaged at the end of each run")
     p.add_argument("--running-window", type=float, default=600, help="seconds after its last event a run is running")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
-    try:  # a bad argument is a SweepError, a ValueError: one line
-        a = p.parse_args(argv)
-        if not os.path.isdir(a.runs_dir):
-            raise ValueError(f"runs directory '{a.runs_dir}' not found; pass the folder the scripts wrote (runs/)")
-        try:
-            refs = load_references(a.refs)
-        except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
-            why = "no such file" if isinstance(exc, FileNotFoundError) else exc
-            raise ValueError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
-        folders = sorted(d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files))
-        loaded = {d: load_run(d) for d in folders}
-        runs = [run for run in loaded.values() if run]
-        if not runs:
-            raise ValueError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    a = p.parse_args(argv)
+    if not os.path.isdir(a.runs_dir):
+        raise SweepError(f"runs directory '{a.runs_dir}' not found; pass the folder the scripts wrote (runs/)")
+    try:
+        refs = load_references(a.refs)
+    except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
+        why = "no such file" if isinstance(exc, FileNotFoundError) else exc
+        raise SweepError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
+    folders = sorted(d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files))
+    loaded = {d: load_run(d) for d in folders}
+    runs = [run for run in loaded.values() if run]
+    if not runs:
+        raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
     os.makedirs(a.out, exist_ok=True)
     table = build_report(runs, refs, a.last_n, time.time(), a.running_window)
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -30,6 +30,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+import gymnasium as gym
+import numpy as np
+import torch  # loaded by gpu_utils anyway
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [p for p in (HERE, ROOT) if p not in sys.path]
@@ -237,8 +241,6 @@ def atari_row(seconds: float, n: int, batch_size: int = 0) -> tuple:
     threads = gpu_utils.available_cpus()
 
     def rate() -> float:
-        import numpy as np
-
         import ppo_atari
 
         envs = ppo_atari.make_envs(ppo_atari.Args(), n, threads, batch_size)
@@ -253,9 +255,6 @@ def mujoco_row(seconds: float, n: int, subproc: bool) -> tuple:
     """ppo_continuous.py's HalfCheetah-v5 vector env, in process or (--subproc) in subprocesses."""
 
     def rate() -> float:
-        import gymnasium as gym
-        import numpy as np
-
         from ppo_continuous import make_env
 
         fns = [make_env("HalfCheetah-v5", i, False, "", subproc) for i in range(n)]
@@ -274,8 +273,6 @@ def snake_row(seconds: float, n: int, device: str, mode: str) -> tuple:
     """dqn_snake_vec.VecSnake, 10x10 boards."""
 
     def rate() -> float:
-        import torch
-
         from dqn_snake_vec import VecSnake
 
         generator = torch.Generator(device).manual_seed(0)
@@ -290,8 +287,6 @@ def mjx_row(seconds: float, n: int, device: str, env_id: str = "HalfCheetah-v5",
     device; the row's wall time holds the build and the first step's compilation (or cache load, docs/mjx.md)."""
 
     def rate() -> float:
-        import torch
-
         import mjx_envs  # jax and mujoco-mjx are an extra: without them, an ImportError skips the row
 
         envs = mjx_envs.MJXVectorEnv(env_id, n, seed=0, device=device, impl=impl)
@@ -330,8 +325,6 @@ def ceilings(a, device: str) -> list[tuple]:
 
 def machine_info() -> dict[str, str]:
     """The machine, in one place: every table this tool writes starts with it."""
-    import torch
-
     cpu = platform.processor() or "unknown"
     if os.path.isfile("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
@@ -447,8 +440,6 @@ def cmd_run(a, passthrough: list[str]) -> int:
 def cmd_table(a, _passthrough) -> int:
     """`table`: the environments alone and the profile's training runs; `ceiling`: the former only; `compare`: the
     latter, --repeats rounds interleaved, with each rate as a ratio to the best baseline's."""
-    import torch
-
     cuda = torch.cuda.is_available()
     rows = [] if a.mode == "compare" else [c for c in ceilings(a, "cuda" if cuda else "cpu") if selected(c[0], a.only)]
     settings = [] if a.mode == "ceiling" else profile(a.profile, cuda)
@@ -516,8 +507,6 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     if passthrough and a.mode != "run":
         raise UsageError("arguments after -- are for `run` only")
-    import torch
-
     gpu = torch.cuda.is_available() if getattr(a, "profile", None) is None else a.profile == "gpu"
     defaults = {"profile": "gpu" if gpu else "cpu", "seconds": 2 if gpu else 5, "budget_minutes": 8 if gpu else 0}
     defaults |= {"atari_envs": [16, 64, 128] if gpu else [16, 64], "async_envs": [16] if gpu else []}

@@ -244,11 +244,10 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
     first = next((step for step in report_steps(config) if step >= warmup), total)
     if config["pruner"] == "median":
         study.pruner = optuna.pruners.MedianPruner(n_startup_trials=config["prune_startup"], n_warmup_steps=warmup)
+    elif config["pruner"] == "hyperband":
+        study.pruner = optuna.pruners.HyperbandPruner(first, max_resource=total)
     else:
-        hyperband = config["pruner"] == "hyperband"
-        study.pruner = (
-            optuna.pruners.HyperbandPruner(first, max_resource=total) if hyperband else optuna.pruners.NopPruner()
-        )
+        study.pruner = optuna.pruners.NopPruner()
     return study, config
 
 

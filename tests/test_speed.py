@@ -3,6 +3,7 @@ script and baseline, and fake runs (a few lines that write an event file) where 
 a script. The modes run in this process. Nothing here is timed."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -107,6 +108,16 @@ def test_tiny_run_of_each_script_and_baseline():
     for setting, res in zip(settings, speed.run_settings(settings, 1.0, timeout=300)):
         assert res.ok and res.sps > 0, (setting.shown(1.0), res.status, res.tail)
         assert res.util_mean is None and res.peak_mib is None  # CPU runs log no GPU figures
+
+
+def test_baseline_without_stable_baselines3_says_what_to_install(tmp_path):
+    """CleanRL's Atari wrappers come from stable-baselines3, as in CleanRL: without it, a line says what to install."""
+    argv = ["baseline_ppo.py", "--total-timesteps", "0"]  # were it to start anyway, it would end at once
+    hide = f"import runpy, sys; sys.modules['stable_baselines3'] = None; sys.argv = {argv!r}; "
+    code = hide + f"runpy.run_path({os.path.join(BENCH, 'baseline_ppo.py')!r}, run_name='__main__')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("error: ") and "pip install -e '.[baseline]'" in res.stderr
 
 
 def test_bad_input_one_line_errors(monkeypatch, capsys):
