@@ -270,10 +270,10 @@ def mujoco_row(seconds: float, n: int, subproc: bool) -> tuple:
 
 
 def snake_row(seconds: float, n: int, device: str, mode: str) -> tuple:
-    """dqn_snake_vec.VecSnake, 10x10 boards."""
+    """snake_env.VecSnake (dqn_snake_vec.py's games), 10x10 boards."""
 
     def rate() -> float:
-        from dqn_snake_vec import VecSnake
+        from snake_env import VecSnake
 
         generator = torch.Generator(device).manual_seed(0)
         actions = torch.randint(0, 4, (64, n), device=device, generator=generator)

@@ -143,3 +143,15 @@ def test_videos_are_written_by_one_recorder_and_enum_like_flags_are_literals():
     annotations = [node for node in ast.walk(ast.parse(source("dqn_snake_vec.py"))) if isinstance(node, ast.AnnAssign)]
     snake_fields = {node.target.id: ast.unparse(node.annotation) for node in annotations}
     assert snake_fields["env_mode"].startswith("Literal[") and snake_fields["buffer_device"].startswith("Literal[")
+
+
+def test_every_module_a_script_imports_from_this_repository_is_installed():
+    # a script copied to any folder still runs: `pip install -e .` installs each module of ours that it imports
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    installed = set(re.findall(r'"(\w+)"', re.search(r"^py-modules = \[(.*)\]$", pyproject, flags=re.M).group(1)))
+    for script in SCRIPTS:
+        tree = ast.parse(source(script))
+        imported = {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 0}
+        ours = {name for name in imported if (ROOT / f"{name}.py").is_file()}
+        assert ours - installed == set(), f"{script} imports {sorted(ours - installed)}: add it to py-modules"

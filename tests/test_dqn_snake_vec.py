@@ -1,4 +1,5 @@
-"""Tests for dqn_snake_vec.py: Snake rules cell by cell, resets, a plain-Python reference, replay, n-step, runs."""
+"""Tests for dqn_snake_vec.py and its games (snake_env.py): Snake rules cell by cell, resets, a plain-Python
+reference, replay, n-step, runs."""
 
 import glob
 import os
@@ -18,7 +19,8 @@ import run_utils
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "dqn_snake_vec.py")
 sys.path.insert(0, ROOT)
-from dqn_snake_vec import DOWN, LEFT, RIGHT, UP, NStep, QNetwork, ReplayBuffer, VecSnake  # noqa: E402
+from dqn_snake_vec import NStep, QNetwork, ReplayBuffer  # noqa: E402
+from snake_env import DOWN, LEFT, RIGHT, UP, VecSnake  # noqa: E402
 
 torch.set_num_threads(1)
 # the rules hold in every mode; fused runs its one function eagerly here (compiled in test_fused_step_*)

@@ -84,7 +84,8 @@ def cluster(tmp_path_factory):
 def repo(tmp_path_factory):
     """A copy of the scripts and benchmark/: runs/ and --resume-existing see only these tests' runs."""
     dest = tmp_path_factory.mktemp("repo")
-    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py", "run_utils.py"):
+    modules = ("gpu_utils.py", "run_utils.py", "snake_env.py", "mjx_envs.py")  # what the scripts import beside them
+    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", *modules):
         shutil.copy(os.path.join(ROOT, name), dest)
     shutil.copytree(BENCH, dest / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
     return dest

@@ -85,7 +85,8 @@ def one_error(rc, err, *words):
 def mini_repo(dest):
     """The scripts and benchmark/ in ``dest``, whose runs/ then holds this test's runs only."""
     dest.mkdir()
-    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", "gpu_utils.py", "run_utils.py"):
+    modules = ("gpu_utils.py", "run_utils.py", "snake_env.py", "mjx_envs.py")  # what the scripts import beside them
+    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", *modules):
         os.symlink(os.path.join(ROOT, name), dest / name)
     (dest / "benchmark").mkdir()
     for name in ("sweep.py", "dqn_snake.sh", "atari_lambdas.csv"):
