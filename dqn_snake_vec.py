@@ -2,7 +2,6 @@
 # Usage: python dqn_snake_vec.py                    python dqn_snake_vec.py --num-envs 4096 --gpu true
 import itertools
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -19,52 +18,15 @@ from snake_env import VecSnake, snake_view
 
 
 @dataclass
-class Args:
+class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (--gpu, --resume, --cudagraphs, ...)
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/Snake<H>x<W>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
-    gpu: str = "auto"
-    """auto (a GPU when there is one), true (a GPU or an error), false (CPU), or a GPU index N / cuda:N"""
-    cuda_offset: int | None = None
-    """first GPU of the rotation (None: the CUDA_OFFSET environment variable, else 0)"""
-    session: int = 0
-    """run number of a sweep; with --gpu auto/true, runs rotate over the GPUs as (cuda_offset + session) % num_gpus"""
-    tf32: bool = True
-    """allow TF32 matmuls and convolutions on GPUs that support them"""
-    num_threads: int = 0
-    """CPU threads (0: the CPUs this run may use, capped by SLURM_CPUS_PER_TASK and OMP_NUM_THREADS)"""
-    track: bool = False
-    """mirror the TensorBoard logs to Weights and Biases"""
-    wandb_project_name: str = "gpu-rl"
-    """the wandb project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the wandb project"""
-    capture_video: bool = False
-    """record game 0's games to videos/<run_name>, on a cubic schedule (its frames reach the host once per log)"""
-    progress_bar: bool = True
-    """show a progress bar (off: a log line every --log-every steps)"""
     checkpoint_every: int = 10_000
     """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
-    resume: str | None = None
-    """checkpoint.pt of a stopped run to continue (same run dir, settings and total steps; the replay starts empty)"""
-    save_model: bool = False
-    """save the final Q-network to runs/<run_name>/<exp_name>.model"""
-    eval_checkpoint: str | None = None
-    """evaluate this checkpoint or saved model without training and print the mean and std of the episodic return"""
-    eval_episodes: int = 10
-    """episodes for --eval-checkpoint (one per game, played in parallel)"""
-    compile: bool = False
-    """torch.compile the action step and the loss"""
-    cudagraphs: bool = False
-    """CUDA graphs: each training step as one graph (act, the fused env step, n-step, replay, update), or where it
-    cannot be (said at start), the compiled action step and loss (mode reduce-overhead); implies --compile"""
-    amp: bool = False
-    """bf16 autocast for the network's trunk (Q-values, targets and the loss stay fp32)"""
-    micro_batch: str = "auto"
-    """rows per backward pass: auto (the whole batch, halved on CUDA out-of-memory) or N"""
 
     # Algorithm specific arguments
     num_envs: int = 256
@@ -113,10 +75,7 @@ class Args:
 
 
 # flags that --resume takes from the command line; every other Args field comes from the checkpoint
-RUNTIME_FLAGS = {"gpu", "cuda_offset", "session", "tf32", "num_threads", "track", "wandb_project_name", "wandb_entity"}
-RUNTIME_FLAGS |= {"capture_video", "progress_bar", "checkpoint_every", "resume", "save_model", "eval_checkpoint"}
-RUNTIME_FLAGS |= {"eval_episodes", "compile", "cudagraphs", "amp", "micro_batch", "env_mode", "log_every"}
-RUNTIME_FLAGS |= {"buffer_device", "eval_epsilon"}
+RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_mode", "log_every", "buffer_device", "eval_epsilon"}
 
 
 def validate(args: Args, device: torch.device | None = None) -> None:
@@ -361,11 +320,8 @@ if __name__ == "__main__":
         q_network = QNetwork(h, w, amp=args.amp).to(device)
         run_utils.load_states({"model": q_network}, eval_ckpt, args.eval_checkpoint)
         returns, scores, lengths = evaluate(env, lambda obs: epsilon_greedy(q_network(obs), args.eval_epsilon))
-        print(
-            f"eval Snake{h}x{w}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} "
-            f"episodes (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
-        )
-        sys.exit(0)
+        more = f" (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
+        run_utils.end_evaluation(f"Snake{h}x{w}", returns, more)
     # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
     cpu_share = gpu_utils.CpuShare(threads)
     share = f"{cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, the games are torch ops too"

@@ -160,8 +160,7 @@ def hidden_sizes(arch: str) -> list[int]:
 
 
 # ---------------------------------------------------------------- environment
-# One env as CleanRL makes it; continuous_envs vectorises its wrappers (action clipping, observation and reward
-# normalisation) over all envs at once, on the host (HostEnvs) or, for --sim mjx's worlds, on the device (DeviceEnvs).
+# One env as CleanRL makes it; continuous_envs.HostEnvs applies CleanRL's wrappers to all envs at once.
 def make_env(env_id, idx, capture_video, run_name, in_subprocess):
     parent = os.getpid()
 
@@ -270,12 +269,6 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
     return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
 
 
-def clip_grad_norm(grads, max_norm):
-    """nn.utils.clip_grad_norm_ in three foreach ops (its Python overhead is large next to a 64x64 MLP)."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-
-
 # ---------------------------------------------------------------- checkpoint and evaluation
 def load_checkpoint(path: str, training: bool = False) -> dict:
     """A checkpoint.pt or .model file this script wrote (run_utils.load_checkpoint; older files of another script
@@ -337,8 +330,7 @@ if __name__ == "__main__":
     run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
     run_utils.seed(args.seed)
     if eval_ckpt:
-        fns = [make_env(args.env_id, i, False, "", False) for i in range(args.eval_episodes)]
-        envs = gym.vector.SyncVectorEnv(fns)
+        envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, False, "", False) for i in range(args.eval_episodes)])
         agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden, args.amp)
         run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
         returns = evaluate(envs, agent, continuous_envs.RunningMeanStd(state=eval_ckpt["obs_rms"]), args.seed)
@@ -353,10 +345,9 @@ if __name__ == "__main__":
 
     # ---------------- logging
     start_step = ckpt["global_step"] if ckpt else 0
+    total_steps = num_iterations * batch_size
     with run_utils.one_line_errors():  # another process may be training in this run folder
-        run = run_utils.Run(
-            args, "ppo_continuous", run_name, ckpt, device, cpu_share, num_iterations * batch_size, start_step
-        )
+        run = run_utils.Run(args, "ppo_continuous", run_name, ckpt, device, cpu_share, total_steps, start_step)
 
     # ---------------- env and network: clipping, normalisation and the time-limit bootstrap in continuous_envs
     if args.sim == "mjx":  # every env a world of one batch on the device
@@ -370,7 +361,7 @@ if __name__ == "__main__":
         envs = continuous_envs.HostEnvs(fns, args.subproc, args.gamma, device, ckpt)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
-    params = list(agent.parameters())  # listed once: clip_grad_norm runs every minibatch
+    params = list(agent.parameters())  # listed once: the clipping runs every minibatch
     learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
     use_graph = args.cudagraphs and micro.rows >= minibatch_size  # a graph cannot hold a split minibatch
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
@@ -421,7 +412,7 @@ if __name__ == "__main__":
         data = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages)
         data += (b_returns[mb_inds], b_values[mb_inds])
         stats = gpu_utils.accumulate_gradients(mb_loss, data, micro, params)
-        clip_grad_norm([p.grad for p in params], args.max_grad_norm)
+        gpu_utils.clip_grad_norm([p.grad for p in params], args.max_grad_norm)
         optimizer.step()
         return stats
 

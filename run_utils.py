@@ -188,9 +188,9 @@ def print_config(args, given: dict, from_checkpoint: bool, runtime_flags: set, s
         print(f"  {key:<26} {value!s:<18} ({source})")
 
 
-def end_evaluation(env: str, returns: np.ndarray) -> None:
-    """--eval-checkpoint's one result line, then exit status 0: the run trains nothing."""
-    print(f"eval {env}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+def end_evaluation(env: str, returns: np.ndarray, more: str = "") -> None:
+    """--eval-checkpoint's one result line (``more``: what the script adds), then exit status 0."""
+    print(f"eval {env}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes{more}")
     sys.exit(0)
 
 

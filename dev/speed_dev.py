@@ -52,9 +52,12 @@ def resolve_commit(ref: str) -> str:
 
 
 def export_before(commit: str, folder: str) -> None:
-    """``commit``'s scripts and gpu_utils.py in ``folder`` (git archive), the commit named in its REF file: for a
-    machine without the history (the GPU lease's prepare)."""
-    archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", commit, *AB_SCRIPTS], capture_output=True)
+    """Every top-level module of ``commit`` (its scripts and those they import: gpu_utils.py, run_utils.py, the env
+    modules) in ``folder`` (git archive), the commit named in its REF file: for a machine without the history (the
+    GPU lease's prepare). A script run from there imports its own commit's modules, not the installed ones."""
+    listed = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", commit], capture_output=True, text=True)
+    modules = [name for name in listed.stdout.split() if name.endswith(".py")] or list(AB_SCRIPTS)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", commit, *modules], capture_output=True)
     if archive.returncode != 0:
         raise UsageError(f"git archive of {commit} failed: {archive.stderr.decode().strip().splitlines()[-1]}")
     os.makedirs(folder, exist_ok=True)

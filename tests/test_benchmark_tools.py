@@ -59,7 +59,11 @@ def test_ab_refuses_a_folder_without_the_scripts_and_reads_a_commit(tmp_path, ca
     if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("no git history here")
     assert speed_dev.main(["before", "HEAD", str(tmp_path / "head")]) == 0
-    assert sorted(os.listdir(tmp_path / "head")) == sorted(["REF", *speed_dev.AB_SCRIPTS])
+    # the scripts with every module beside them that they import (run_utils.py, the env modules), as HEAD has them
+    head = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", "HEAD"], capture_output=True, text=True)
+    modules = [name for name in head.stdout.split() if name.endswith(".py")]
+    assert {*speed_dev.AB_SCRIPTS, "run_utils.py", "snake_env.py"} <= set(modules)
+    assert sorted(os.listdir(tmp_path / "head")) == sorted(["REF", *modules])
     capsys.readouterr()
     assert speed_dev.main(["ab", "--before", "HEAD", "--dry-run"]) == 0
     before, after = capsys.readouterr().out.splitlines()[:2]

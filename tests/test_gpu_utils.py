@@ -709,3 +709,17 @@ def test_cpu_share_opens_only_regular_lock_files_of_its_own(eight_cpus, tmp_path
     )
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.split() == ["1", "True"], res.stdout + res.stderr  # alone, not hung
+
+
+def test_clip_grad_norm_matches_torch():
+    """The same clipped gradients as torch's own (bitwise, on the CPU), for gradients above the norm."""
+    torch.manual_seed(0)
+    grads = [torch.randn(64, 17) * 3, torch.randn(64), torch.randn(1, 6)]
+    expected = [g.clone() for g in grads]
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in expected]
+    for p, g in zip(params, expected):
+        p.grad = g
+    torch.nn.utils.clip_grad_norm_(params, 0.5)
+    gpu_utils.clip_grad_norm(grads, 0.5)
+    for g, e in zip(grads, expected):
+        assert torch.equal(g, e)
