@@ -165,8 +165,8 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
     elif grid == "ppo_continuous":
         envs = a.envs.split() + (MUJOCO_MORE.split() if a.all else [])
         for env_id, preset in itertools.product(envs, a.presets.split()):
-            if preset not in ("default", "fast", "heavy", "beast"):
-                raise SweepError(f"unknown preset '{preset}' (use default, fast, heavy or beast)")
+            if preset not in ("default", "fast", "heavy", "beast", "worlds"):  # worlds: with -- --sim mjx
+                raise SweepError(f"unknown preset '{preset}' (use default, fast, heavy, beast or worlds)")
             name = exp or ("ppo_continuous" if preset == "default" else f"ppo_continuous_{preset}")
             args = ["ppo_continuous.py", "--env-id", env_id, "--exp-name", name, "--preset", preset]
             settings.append((f"{env_id} {preset}", env_id, name, args[:-2] if preset == "default" else args))
@@ -539,7 +539,7 @@ def build_parser(grid: str) -> Parser:
     elif grid == "ppo_continuous":
         p.add_argument("--envs", default=MUJOCO_ENVS, help=f"gymnasium env ids (default: {MUJOCO_ENVS})")
         p.add_argument("--all", action="store_true", help=f"also {MUJOCO_MORE}")
-        p.add_argument("--presets", default="default fast heavy beast", help="any of: default fast heavy beast")
+        p.add_argument("--presets", default="default fast heavy beast", help="any of: default fast heavy beast worlds")
     else:
         p.add_argument("--sizes", default="10 20", help="board sizes, N or HxW (default: 10 20)")
         p.add_argument("--num-envs", default="256 4096", help="games per run (default: 256 4096)")

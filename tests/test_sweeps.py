@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import typing
 
 import pytest
 from helpers import SNAKE_LONGER, save_checkpoint_with_code, wait_for
@@ -23,6 +24,7 @@ import sweep  # noqa: E402
 
 sys.path.pop(0)
 import gpu_utils  # noqa: E402
+import ppo_continuous as pc  # noqa: E402
 import run_utils  # noqa: E402
 
 RUN_RE = re.compile(r"^\[run (\d+)\] (cpu|cuda:\d+): (.*)$")
@@ -144,6 +146,12 @@ def test_grids(engine):
     ((_, _, _, _, default), (_, _, _, _, heavy)) = planned(out)
     assert flag(default, "--exp-name") == "ppo_continuous" and "--preset" not in default
     assert flag(heavy, "--exp-name") == "ppo_continuous_heavy" and flag(heavy, "--preset") == "heavy"
+    # every preset the script has, worlds (--sim mjx) included; it was refused as unknown
+    presets = typing.get_args(typing.get_args(typing.get_type_hints(pc.Args)["preset"])[0])
+    rc, out, _ = engine(
+        "ppo_continuous", "--dry-run", "--envs", "Hopper-v5", "--presets", " ".join(presets), "--seeds", "1"
+    )
+    assert rc == 0 and [flag(cmd, "--preset") for *_, cmd in planned(out)] == list(presets)
     rc, out, _ = engine("dqn_snake", "--dry-run", "--sizes", "10 8x12", "--num-envs", "64", "--seeds", "1")
     assert [(flag(c, "--height"), flag(c, "--width"), flag(c, "--exp-name")) for *_, c in planned(out)] == [
         ("10", "10", "dqn_snake_vec_n64"),
