@@ -160,7 +160,7 @@ def hidden_sizes(arch: str) -> list[int]:
 
 
 # ---------------------------------------------------------------- environment
-# One env as CleanRL makes it; continuous_envs.HostEnvs applies CleanRL's wrappers to all envs at once.
+# One env as CleanRL makes it; continuous_envs applies CleanRL's wrappers to all envs at once (HostEnvs, DeviceEnvs).
 def make_env(env_id, idx, capture_video, run_name, in_subprocess):
     parent = os.getpid()
 
