@@ -86,8 +86,8 @@ class RunArgs:
     compile: bool = False
     """torch.compile the action step and the loss (the first iterations then take a minute or more)"""
     cudagraphs: bool = False
-    """CUDA graphs: each whole training step as one captured graph where it can be, else the compiled action step and
-    loss (mode reduce-overhead); which, is said at start; implies --compile"""
+    """CUDA graphs: each minibatch update (PPO) or whole training step (Snake) as one captured graph, and the action
+    step compiled in mode reduce-overhead where no graph holds it; said at start; implies --compile"""
     amp: bool = False
     """bf16 autocast for the network's hidden layers (outputs, log-probs, values, Q-values and losses stay fp32)"""
     micro_batch: str = "auto"
