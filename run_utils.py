@@ -1,6 +1,6 @@
-"""The run's lifecycle, written once for every training script: argument checks and one-line errors, checkpoints
-(reading, refusing another script's, resuming, marking), the run folder's lock, stop signals, TensorBoard and W&B,
-the config print, progress, and the end of a run.
+"""The run's lifecycle, written once for every training script: the flags of how and where a run runs
+(``RunArgs``), argument checks and one-line errors, checkpoints (reading, refusing another script's, resuming,
+marking), the run folder's lock, stop signals, TensorBoard and W&B, the config print, progress, and the end of a run.
 
 Each script keeps its algorithm (environment, network, rollout, advantages, loss, update) and calls this module in
 a few visible lines for what every run does the same way. Importing it has no side effects.
