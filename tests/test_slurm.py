@@ -84,8 +84,8 @@ def cluster(tmp_path_factory):
 def repo(tmp_path_factory):
     """A copy of the scripts and benchmark/: runs/ and --resume-existing see only these tests' runs."""
     dest = tmp_path_factory.mktemp("repo")
-    modules = ("gpu_utils.py", "run_utils.py", "snake_env.py", "mjx_envs.py")  # what the scripts import beside them
-    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", *modules):
+    # the scripts and every module beside them (gpu_utils.py, run_utils.py, the env modules) that they import
+    for name in sorted(name for name in os.listdir(ROOT) if name.endswith(".py")):
         shutil.copy(os.path.join(ROOT, name), dest)
     shutil.copytree(BENCH, dest / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
     return dest

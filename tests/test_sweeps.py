@@ -87,8 +87,8 @@ def one_error(rc, err, *words):
 def mini_repo(dest):
     """The scripts and benchmark/ in ``dest``, whose runs/ then holds this test's runs only."""
     dest.mkdir()
-    modules = ("gpu_utils.py", "run_utils.py", "snake_env.py", "mjx_envs.py")  # what the scripts import beside them
-    for name in ("ppo_atari.py", "ppo_continuous.py", "dqn_snake_vec.py", *modules):
+    # the scripts and every module beside them (gpu_utils.py, run_utils.py, the env modules) that they import
+    for name in sorted(name for name in os.listdir(ROOT) if name.endswith(".py")):
         os.symlink(os.path.join(ROOT, name), dest / name)
     (dest / "benchmark").mkdir()
     for name in ("sweep.py", "dqn_snake.sh", "atari_lambdas.csv"):
