@@ -65,6 +65,7 @@ TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_con
 # the learn runs take 8x the worlds preset's gradient steps per iteration (32 minibatches, 8 epochs), as Brax's PPO
 # does: on the CPU it learned far more per step (benchmark/results/update_ratio_cpu_2026-11-26)
 LEARN_UPDATE = ["--num-minibatches", "32", "--update-epochs", "8"]
+LEARN = ["--sim", "mjx", "--preset", "worlds", *LEARN_UPDATE, "--gpu", "true"]  # after --env-id E
 MJX_TINY = ["--env-id", "InvertedPendulum-v5", "--sim", "mjx", "--gpu", "false", "--num-envs", "16"]
 MJX_TINY += ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]  # the dry run's MJX runs
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
@@ -241,13 +242,12 @@ def part_mjx(o) -> int:
 
 
 def part_learn(o) -> int:
-    """#40's learning targets: seeds 1-3 of ppo_continuous.py --sim mjx --preset worlds with LEARN_UPDATE at once on
-    the GPU, each sent SIGTERM at LEARN_S s of wall time (it checkpoints, logs and ends; constant learning rate: no
-    step budget ends it); learn.md: each seed's return against TARGETS; learn/<run>/: its event files. Dry run:
-    MJX_TINY, no target."""
+    """#40's learning targets: seeds 1-3 of ppo_continuous.py with LEARN (--sim mjx --preset worlds, LEARN_UPDATE) at
+    once on the GPU, each sent SIGTERM at LEARN_S s of wall time (it checkpoints, logs and ends; constant learning
+    rate: no step budget ends it); learn.md: each seed's return against TARGETS; learn/<run>/: its event files. Dry
+    run: MJX_TINY, no target."""
     target = None if o.dry_run else TARGETS[o.env_id]
-    learn = ["--env-id", o.env_id, "--sim", "mjx", "--preset", "worlds", *LEARN_UPDATE, "--gpu", "true"]
-    flags = MJX_TINY if o.dry_run else learn
+    flags = MJX_TINY if o.dry_run else ["--env-id", o.env_id, *LEARN]
     runs, budget = [], min(LEARN_S, o.seconds - LEARN_MARGIN_S)
     for seed in (1, 2, 3):  # in this part's process group: its limit stops them too
         argv = [sys.executable, os.path.join(ROOT, "ppo_continuous.py"), *flags, "--seed", str(seed)]

@@ -337,3 +337,18 @@ def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large
     assert git("status", "--porcelain").stdout == ""  # .whl and .lease are ignored: never in a commit
     res = subprocess.run([*prepare, "--ref", "no-such-ref"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "'no-such-ref' is not a commit here" in res.stderr
+
+
+def test_the_learn_runs_flags_resolve_to_brax_update_ratio():
+    """The learn part's flags pass ppo_continuous.py's own argument resolution (a clash between the preset's sizes and
+    the update's would end each run at once, and waste a lease's call): 4,096 worlds x 32 steps, 32 minibatches of
+    4,096 rows, 8 epochs."""
+    import tyro
+
+    import ppo_continuous
+
+    for env_id in gpu_lease.TARGETS:
+        args = tyro.cli(ppo_continuous.Args, args=["--env-id", env_id, *gpu_lease.LEARN])
+        ppo_continuous.resolve_args(args)
+        sizes = (args.num_envs, args.num_steps, int(args.minibatch_size), args.num_minibatches, args.update_epochs)
+        assert sizes == (4096, 32, 4096, 32, 8) and args.sim == "mjx" and args.gpu == "true"
