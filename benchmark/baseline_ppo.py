@@ -163,6 +163,9 @@ class Agent(nn.Module):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    if args.env_id not in gym.envs.registry:  # before anything is written
+        print(f"error: unknown env id {args.env_id!r}; use an ALE/<Game>-v5 id or a MuJoCo one", file=sys.stderr)
+        sys.exit(2)
     atari = args.env_id.startswith("ALE/")
     for name, value in (ATARI if atari else MUJOCO).items():
         if getattr(args, name) is None:

@@ -120,6 +120,16 @@ def test_baseline_without_stable_baselines3_says_what_to_install(tmp_path):
     assert res.stderr.startswith("error: ") and "pip install -e '.[baseline]'" in res.stderr
 
 
+def test_baseline_refuses_an_unknown_env_id_in_one_line(tmp_path):
+    argv = [sys.executable, os.path.join(BENCH, "baseline_ppo.py"), "--env-id", "Nope-v0"]
+    res = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path)
+    assert (
+        res.returncode == 2
+        and res.stderr == "error: unknown env id 'Nope-v0'; use an ALE/<Game>-v5 id or a MuJoCo one\n"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_bad_input_one_line_errors(monkeypatch, capsys):
     for args, words in [
         (["table", "--scale", "0"], "--scale: must be a number of at least 0.01"),
