@@ -458,7 +458,8 @@ class MJXVectorEnv:
             return (data.replace(qpos=qpos, qvel=qvel), episode_return, episode_length)
 
         # JAX's GPU default multiplies float32 matrices in TF32 (10-bit mantissas): on an H200 (2026-11-26) that moved
-        # HalfCheetah's velocities up to 2% from gymnasium's in one step. The physics multiplies in float32, as CPUs do.
+        # HalfCheetah's velocities up to 2% from gymnasium's in one step. The physics multiplies in float32, as CPUs do:
+        # the precision is fixed when jit traces (each product's own), so a step pays nothing for it at run time.
         def float32(fn):
             def call(*args):
                 with jax.default_matmul_precision("float32"):
@@ -467,8 +468,8 @@ class MJXVectorEnv:
             return call
 
         # the state's buffers are donated: a step updates the worlds in place instead of allocating new ones
-        self._step_fn = float32(jax.jit(step, donate_argnums=0))
-        self._reset_fn = float32(jax.jit(reset))
+        self._step_fn = jax.jit(float32(step), donate_argnums=0)
+        self._reset_fn = jax.jit(float32(reset))
         self._set_state_fn = jax.jit(set_state, donate_argnums=0)
         # the observation's size and gymnasium's per-step info keys (sorted, as world_step packs them), from shapes
         qpos, qvel, action = (jax.ShapeDtypeStruct((size,), jnp.float32) for size in (nq, nv, nu))

@@ -11,6 +11,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,6 +221,21 @@ def test_autoreset_keeps_every_worlds_episode_accounting_and_is_reproducible():
         terminations += int(terminated.sum())
         truncations += int((truncated & ~terminated).sum())
     assert terminations > WORLDS and truncations > 0, (terminations, truncations)
+
+
+@needs_mjx
+@safe_cpu_jaxlib
+def test_the_physics_multiplies_in_float32_on_every_device():
+    """JAX's GPU default multiplies float32 matrices in TF32; the compiled step and reset ask for float32 in each of
+    their products (precision HIGHEST), fixed when jit traces them, so the run pays nothing per step for it."""
+    import jax.numpy as jnp
+
+    env = MJXVectorEnv("InvertedPendulum-v5", 2, device="cpu")
+    env.reset()
+    action = jnp.zeros((2, 1), jnp.float32)
+    step = re.findall(r"precision = \[(\w+), (\w+)\]", env._step_fn.lower(env._state, env._key, action).as_text())
+    reset = re.findall(r"precision = \[(\w+), (\w+)\]", env._reset_fn.lower(env._key).as_text())  # may have none
+    assert len(step) > 10 and {p for pair in step + reset for p in pair} == {"HIGHEST"}
 
 
 # ---------------------------------------------------------------- reset noise
