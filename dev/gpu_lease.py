@@ -56,6 +56,7 @@ ATARI_WHEELS = ("gymnasium", "farama_notifications", "ale_py", "tyro", "docstrin
 CARRY_LIMIT = 64 * 2**20  # one call: tracked files, untracked files git does not ignore, carried paths
 GRACE_S = 15  # after SIGINT, the seconds a part has to write what it has
 TIME_UP = 75  # a part's exit status when its time cut its last runs and every other was measured
+SKIPPED = "skipped: the part's time was up"  # the status of a run that its part's time cut
 # (part, its output, the most seconds it may take, the seconds kept for it while the parts before it run)
 PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 130, 60), ("ab", "lease.log", 240, 100)]
 PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45), ("mjx", "lease.log", 240, 0)]
@@ -178,7 +179,7 @@ def part_ab(o) -> int:
     for key, s in [] if o.dry_run else runs.items():
         left = deadline - time.monotonic()
         if left < 30:  # a compiled run needs about 20 s before its first SPS
-            results[key] = speed.Result(s.shown(1.0), "skipped: the part's time was up")
+            results[key] = speed.Result(s.shown(1.0), SKIPPED)
         else:
             results[key] = speed.run_settings([s], 1.0, min(120, left - 5))[0]
         write(o, "ab", f"Before ({BEFORE_REF}) and after, same lease", info, results)
@@ -233,7 +234,7 @@ def part_mjx(o) -> int:
         if key in runs and missing:
             results[key] = speed.Result(runs[key].shown(1.0), f"skipped: {missing}")
         elif left < 30:  # a compilation alone takes longer
-            results[key] = speed.Result(key, "skipped: the part's time was up")
+            results[key] = speed.Result(key, SKIPPED)
         else:
             done = speed.run_settings([runs[key]], 1.0, min(150, left - 5)) if key in runs else None
             results[key] = done[0] if done else speed.ceiling(*ceilings[key])
@@ -323,7 +324,7 @@ def part_exit(results: dict[str, speed.Result]) -> int:
     other was measured, else 1."""
     if all(r.ok for r in results.values()):
         return 0
-    return TIME_UP if all(r.ok or r.status.endswith("time was up") for r in results.values()) else 1
+    return TIME_UP if all(r.ok or r.status == SKIPPED for r in results.values()) else 1
 
 
 def run_part(name: str, argv: list[str], limit: float, output: str) -> str:
