@@ -165,9 +165,11 @@ def make_env(env_id, idx, capture_video, run_name, in_subprocess):
     parent = os.getpid()
 
     def thunk():
-        # a worker leaves Ctrl-C to the parent, which closes it; AsyncVectorEnv also calls one thunk in the parent
+        # a worker leaves Ctrl-C and SIGTERM, which reach the whole process group, to the parent: it ends its iteration,
+        # saves its checkpoint and closes the workers. AsyncVectorEnv also calls one thunk in the parent.
         if in_subprocess and os.getpid() != parent:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if capture_video and idx == 0 and not os.environ.get("DISPLAY"):
             os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)

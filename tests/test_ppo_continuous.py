@@ -263,14 +263,20 @@ def test_files_with_the_statistics_in_the_model_still_load(pendulum_run, model_r
     assert eval_return(tmp_path, tmp_path / "old.model") == model_return
 
 
-def signal_at_iteration_3(tmp_path, args, sig):
-    """Start the script with ``args``, send it ``sig`` once it has printed iteration 3: (exit status, output)."""
+def signal_at_iteration_3(tmp_path, args, sig, group=False):
+    """Start the script with ``args``, send it ``sig`` once it has printed iteration 3 (``group``: to its whole process
+    group, as a terminal's Ctrl-C, ``timeout`` and SLURM do): (exit status, stdout and stderr)."""
     cmd = [sys.executable, SCRIPT, *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=group
+    )
     try:
         for line in proc.stdout:
             if line.startswith("iteration 3/"):
-                proc.send_signal(sig)
+                if group:
+                    os.killpg(proc.pid, sig)
+                else:
+                    proc.send_signal(sig)
                 break
         out = line + proc.stdout.read()
         return proc.wait(timeout=60), out
@@ -312,6 +318,18 @@ def test_ctrl_c_stops_a_subproc_run_with_its_checkpoint(tmp_path):
     returncode, out = signal_at_iteration_3(tmp_path, args, signal.SIGINT)
     assert returncode == 0, out
     assert "stopping on SIGINT" in out, out
+    ckpt = torch.load(run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
+    assert ckpt["status"] == "stopped" and 3 * 64 <= ckpt["global_step"] < 64 * 500
+
+
+def test_sigterm_to_the_process_group_stops_a_subproc_run_cleanly(tmp_path):
+    """Before: ``timeout -s TERM`` (and SLURM's scancel) signal every process of the run, the env workers died at once,
+    and the run ended in a BrokenPipeError traceback when it closed them (an H200 lease, 2026-11-26)."""
+    args = ["--env-id", "InvertedPendulum-v5", "--subproc", "--num-envs", "2", "--num-steps", "32"]
+    args += ["--num-minibatches", "1", "--update-epochs", "1", "--gpu", "false", "--total-timesteps", 64 * 500]
+    returncode, out = signal_at_iteration_3(tmp_path, [*args, "--no-progress-bar"], signal.SIGTERM, group=True)
+    assert returncode == 0, out
+    assert "stopping on SIGTERM" in out and "Traceback" not in out, out
     ckpt = torch.load(run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
     assert ckpt["status"] == "stopped" and 3 * 64 <= ckpt["global_step"] < 64 * 500
 
