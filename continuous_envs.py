@@ -13,9 +13,27 @@ observation, count each episode's return and length, and keep their statistics i
 a resumed run and a loaded model see what training saw. Importing this module has no side effects.
 """
 
+import sys
+
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
+
+_WARNED: set[str] = set()  # the MuJoCo warnings this process has printed
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"MuJoCo warning: {message}", file=sys.stderr)
+
+
+def warn_once_per_process() -> None:
+    """Make MuJoCo print each distinct warning once in this process, on stderr, instead of at every model it compiles
+    and into MUJOCO_LOG.TXT in the working directory: gymnasium's half_cheetah.xml warns of a deprecated attribute
+    (MuJoCo 4.0), once for each of a run's thousands of envs."""
+    mujoco.set_mju_user_warning(_warn_once)
 
 
 class RunningMeanStd:
