@@ -17,7 +17,7 @@ a file under --out (a call brings back at most 8):
     ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
     profile   dev/profile_atari.py: the update's ms per iteration, every phase of the script's code     profile_*.md
     mjx       --sim mjx (#40): HalfCheetah's MJX worlds alone, and ppo_continuous.py learning on them    mjx.md
-    learn     only asked for (--parts learn --env-id E): #40's learning targets, 3 seeds for 300 s each  learn.md
+    learn     only asked for (--parts learn --env-id E...): #40's targets, 3 seeds a task for 300 s    learn.md
 
 then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
 limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
@@ -33,14 +33,18 @@ import argparse
 import glob
 import importlib.util
 import json
+import math
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from statistics import fmean, pstdev
 
@@ -61,7 +65,8 @@ SKIPPED = "skipped: the part's time was up"  # the status of a run that its part
 PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 130, 60), ("ab", "lease.log", 240, 100)]
 PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45), ("mjx", "lease.log", 240, 0)]
 PARTS += [("learn", "lease.log", 400, 0)]  # a call of its own: not in the default --parts
-LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its last iteration, checkpoint and table
+LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its last iteration and checkpoint
+EVAL_S, EVAL_POINTS, EVAL_EPISODES = 30, 10, 10  # then the evaluations of its checkpoint copies: time, points, episodes
 TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_continuous_action.py: v4, 1M steps
 # the learn runs take 8x the worlds preset's gradient steps per iteration (32 minibatches, 8 epochs), as Brax's PPO
 # does: on the CPU it learned far more per step (benchmark/results/update_ratio_cpu_2026-11-26)
@@ -243,67 +248,124 @@ def part_mjx(o) -> int:
 
 
 def part_learn(o) -> int:
-    """#40's learning targets: seeds 1-3 of ppo_continuous.py with LEARN (--sim mjx --preset worlds, LEARN_UPDATE) at
-    once on the GPU, each sent SIGTERM at LEARN_S s of wall time (it checkpoints, logs and ends; constant learning
-    rate: no step budget ends it); learn.md: each seed's return against TARGETS; learn/<run>/: its event files. Dry
-    run: MJX_TINY, no target."""
-    target = None if o.dry_run else TARGETS[o.env_id]
-    flags = MJX_TINY if o.dry_run else ["--env-id", o.env_id, *LEARN]
-    runs, budget = [], min(LEARN_S, o.seconds - LEARN_MARGIN_S)
-    for seed in (1, 2, 3):  # in this part's process group: its limit stops them too
-        argv = [sys.executable, os.path.join(ROOT, "ppo_continuous.py"), *flags, "--seed", str(seed)]
-        argv += ["--total-timesteps", str(10**9), "--no-anneal-lr", "--no-progress-bar"]  # the wall time ends it
-        os.makedirs(os.path.join(o.work, f"seed{seed}"))
-        runs.append((seed, time.time(), subprocess.Popen(argv, cwd=os.path.join(o.work, f"seed{seed}"))))
-    while time.time() < runs[0][1] + budget and any(proc.poll() is None for *_, proc in runs):
+    """#40's learning targets: seeds 1-3 of ppo_continuous.py with LEARN on each --env-id, all at once on the GPU, each
+    sent SIGTERM at LEARN_S s of wall time (it checkpoints, logs and ends; constant learning rate: no step budget ends
+    it). Each run's checkpoint (every 2 iterations) is copied as it changes; then EVAL_POINTS of the copies, the last
+    included, are evaluated on gymnasium's own env (--eval-checkpoint on the CPU: EVAL_EPISODES episodes, the mean
+    actions). The returns a run logs lag its policy by a whole episode of every world: 4.1M steps at 4,096 worlds.
+    learn.md: each seed's evaluated return against TARGETS; learn_curve.csv: every evaluation; learn_events.tar.gz:
+    the runs' event files (a call brings back 8 files). Dry run: MJX_TINY, no target."""
+    tasks = ["InvertedPendulum-v5"] if o.dry_run else o.env_id
+    budget = min(LEARN_S, o.seconds - LEARN_MARGIN_S - EVAL_S)
+    runs = {}  # (env id, seed): (its folder, its process)
+    for env_id in tasks:
+        for seed in (1, 2, 3):  # in this part's process group: its limit stops them too
+            argv = [sys.executable, os.path.join(ROOT, "ppo_continuous.py")]
+            argv += MJX_TINY if o.dry_run else ["--env-id", env_id, *LEARN]
+            argv += ["--seed", str(seed), "--total-timesteps", str(10**9), "--no-anneal-lr"]  # the wall time ends it
+            argv += ["--checkpoint-every", "2", "--no-progress-bar"]
+            folder = os.path.join(o.work, f"{env_id}-{seed}")
+            os.makedirs(folder)
+            runs[env_id, seed] = folder, subprocess.Popen(argv, cwd=folder)
+    start = time.time()
+    copies = {key: [] for key in runs}  # each run's checkpoint copies: (path, s since the start)
+    while time.time() < start + budget and any(proc.poll() is None for _, proc in runs.values()):
+        for key, (folder, _) in runs.items():
+            copy_checkpoint(folder, copies[key], start)
         time.sleep(1)
-    for *_, proc in runs:
+    for _, proc in runs.values():
         proc.send_signal(signal.SIGTERM)  # nothing for a run that has ended
-    for *_, proc in runs:
+    for _, proc in runs.values():
         try:
             proc.wait(LEARN_MARGIN_S - 5)
         except subprocess.TimeoutExpired:
-            proc.kill()  # the table shows what its event files hold
-    rows, done = [], []
-    for seed, start, proc in runs:
-        name, figures = learned(os.path.join(o.work, f"seed{seed}", "runs"), start, target, o.out)
-        met = speed.DASH if target is None else "yes" if (figures[5] or float("inf")) <= LEARN_S else "no"
-        cells = [speed.fmt(x, 1 if i == 3 else 0) for i, x in enumerate(figures)]
-        rows.append([f"seed {seed}", name or f"logged no return (exit {proc.returncode})", *cells, met])
-        done += [figures] if figures[3] is not None else []
-    spread = [f"{speed.fmt(fmean(c), d)} ± {speed.fmt(pstdev(c), d)}" for c, d in zip(zip(*done), (0, 0, 0, 1))]
-    met = speed.DASH if target is None else "yes" if done and fmean(f[3] for f in done) >= target else "no"
-    rows.append(["mean ± std", f"{len(done)} seeds", *(spread or [speed.DASH] * 4), speed.DASH, speed.DASH, met])
-    header = ["", "run", "steps", "wall s", "SPS (steps / wall s)", "return (last 20)", "past target at step", "at s"]
-    note = f"met: a seed's mean of 20 returns passed the target in {LEARN_S} s; the seeds' last means average over it"
-    title = f"{flags[1]}: `ppo_continuous.py {shlex.join(flags)}`, seeds 1, 2, 3 at once, {budget:.0f} s each"
+            proc.kill()
+    for key, (folder, _) in runs.items():
+        copy_checkpoint(folder, copies[key], start)  # the one written at the SIGTERM
+    n = 3 if o.dry_run else EVAL_POINTS  # the last copy and every k-th before it: at most n
+    picked = {key: taken[::-1][:: max(1, math.ceil(len(taken) / n))][::-1] for key, taken in copies.items()}
+    curve = evaluations({path: when for taken in picked.values() for path, when in taken})
+    points = {key: [curve[path] for path, _ in taken if curve[path][2] is not None] for key, taken in picked.items()}
+    rows, csv, summary = [], ["env_id,seed,wall_s,global_step,eval_return"], []
+    for env_id in tasks:
+        target, done = None if o.dry_run else TARGETS[env_id], []
+        for seed in (1, 2, 3):
+            csv += [f"{env_id},{seed},{when:.1f},{step},{ret:.2f}" for when, step, ret in points[env_id, seed]]
+            figures = learned(points[env_id, seed], target)
+            met = speed.DASH if target is None else "yes" if figures[5] is not None else "no"
+            cells = [speed.fmt(x, 1 if i == 3 else 0) for i, x in enumerate(figures)]
+            folder, proc = runs[env_id, seed]
+            names = [os.path.basename(run) for run in glob.glob(os.path.join(folder, "runs", "*"))]
+            name = names[0] if names else f"no run folder (exit {proc.returncode})"
+            rows.append([f"{env_id} seed {seed}", name, *cells, met])
+            done += [figures] if figures[3] is not None else []
+        spread = [f"{speed.fmt(fmean(c), d)} ± {speed.fmt(pstdev(c), d)}" for c, d in zip(zip(*done), (0, 0, 0, 1))]
+        met = speed.DASH if target is None else "yes" if done and fmean(f[3] for f in done) >= target else "no"
+        rows.append([f"{env_id} mean ± std", f"{len(done)} seeds", *(spread or [speed.DASH] * 4), "-", "-", met])
+        goal = "none (dry run)" if target is None else f">= {speed.fmt(target, 2)} (CleanRL, v4, 1M steps)"
+        for r in rows[-4:]:  # the seeds' rows and their mean
+            label = f"{env_id}, {budget:.0f} s: {r[0].removeprefix(env_id + ' ')}"
+            summary.append([label, f"{r[5]} eval return", goal, "-", r[-1], "-", "-"])
+    with open(os.path.join(o.out, "learn_curve.csv"), "w") as f:
+        f.write("\n".join(csv) + "\n")
+    with tarfile.open(os.path.join(o.out, "learn_events.tar.gz"), "w:gz") as tar:
+        for file in glob.glob(os.path.join(o.work, "*", "runs", "*", "events.out.tfevents*")):
+            tar.add(file, os.path.join(*file.split(os.sep)[-2:]))  # <run>/<event file>
+    header = ["", "run", "steps", "wall s", "SPS (steps / wall s)", "eval return", "past target at step", "at s", "met"]
+    note = f"each run's checkpoint evaluated on gymnasium's env ({EVAL_EPISODES} episodes, mean actions) at up to "
+    note += f"{EVAL_POINTS} points; met: an evaluation passed the target within {LEARN_S} s"
+    flags = MJX_TINY if o.dry_run else LEARN
+    title = f"`ppo_continuous.py {shlex.join(flags)}` on {', '.join(tasks)}: seeds 1, 2, 3 at once, {budget:.0f} s each"
     with open(os.path.join(o.out, "learn.md"), "w") as f:
-        f.write(speed.document(title, speed.machine_info(), note, speed.md_table([*header, "met"], rows)))
-    goal = "none (dry run)" if target is None else f">= {speed.fmt(target, 2)} (CleanRL, v4, 1M steps)"
-    summary_rows = [[f"{flags[1]}, {budget:.0f} s: {r[0]}", f"{r[5]} return", goal, "-", r[-1], "-", "-"] for r in rows]
+        f.write(speed.document(title, speed.machine_info(), note, speed.md_table(header, rows)))
     with open(os.path.join(o.work, "learn.json"), "w") as f:
-        json.dump(summary_rows, f)
-    return 0 if len(done) == len(runs) else 1
+        json.dump(summary, f)
+    return 0 if all(points.values()) else 1  # every run has an evaluated checkpoint
 
 
-def learned(folder: str, start: float, target: float | None, out: str) -> tuple[str, list]:
-    """The run in ``folder`` (a runs/) started at ``start``, from its event files, copied to out/learn/<run>/: its name,
-    [steps, wall s, SPS, its last 20 returns' mean, the step and s that mean first passed ``target``] or Nones."""
-    name, events = "", {}
-    for file in glob.glob(os.path.join(folder, "*", "events.out.tfevents*")):
-        name = os.path.basename(os.path.dirname(file))
-        os.makedirs(os.path.join(out, "learn", name), exist_ok=True)
-        shutil.copy(file, os.path.join(out, "learn", name))
-        for tag, values in speed.report.read_event_file(file)[0].items():
-            events.setdefault(tag, []).extend(values)
-    returns = sorted(events.get(speed.report.RETURN_TAG, []), key=lambda e: e[0])  # (step, wall time, return)
-    if not returns:
-        return name, [None] * 6
-    steps = max(e[0] for values in events.values() for e in values)
-    wall = max(e[1] for values in events.values() for e in values) - start
-    means = ((returns[i][:2], fmean(e[2] for e in returns[i - 19 : i + 1])) for i in range(19, len(returns)))
-    step, when = next((at for at, mean in means if target is not None and mean >= target), (None, None))
-    return name, [steps, wall, steps / wall, fmean(e[2] for e in returns[-20:]), step, when and when - start]
+def copy_checkpoint(folder: str, taken: list, start: float) -> None:
+    """Copy the checkpoint of the run in ``folder`` into it when it is newer than the last copy in ``taken``, and add
+    the copy (path, s since ``start``) to ``taken``."""
+    for ckpt in glob.glob(os.path.join(folder, "runs", "*", "checkpoint.pt")):  # written whole, then renamed
+        when = os.path.getmtime(ckpt) - start
+        if not taken or when > taken[-1][1]:
+            taken.append((os.path.join(folder, f"copy{len(taken)}.pt"), when))
+            shutil.copy(ckpt, taken[-1][0])
+
+
+def evaluations(copies: dict[str, float]) -> dict[str, tuple]:
+    """Each checkpoint copy (path: s since the start) as (s, global step, mean return over EVAL_EPISODES episodes of
+    gymnasium's env or None), from ppo_continuous.py --eval-checkpoint on the CPU, one process per core."""
+    import run_utils
+
+    deadline = time.time() + EVAL_S
+
+    def evaluate(path: str) -> tuple:
+        argv = [sys.executable, os.path.join(ROOT, "ppo_continuous.py"), "--eval-checkpoint", path, "--gpu", "false"]
+        argv += ["--eval-episodes", str(EVAL_EPISODES)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=deadline - time.time()).stdout
+        except (subprocess.TimeoutExpired, ValueError):  # ValueError: the deadline has passed
+            out = ""
+        found = re.search(r"mean return (-?[\d.]+) \+-", out)
+        step = run_utils.read_checkpoint(path)["global_step"]
+        return copies[path], step, float(found[1]) if found else None
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return dict(zip(copies, pool.map(evaluate, copies)))
+
+
+def learned(points: list[tuple], target: float | None) -> list:
+    """A run's [steps, wall s, SPS, evaluated return, the step and s of the first evaluation past ``target``] at its
+    last evaluated point (Nones without one); ``points``: (s, step, return) in time order."""
+    if not points:
+        return [None] * 6
+    when, step, ret = points[-1]
+    past = next(
+        ((at_step, at) for at, at_step, value in points if target is not None and value >= target), (None, None)
+    )
+    return [step, when, step / when, ret, *past]
 
 
 def write(o, name: str, title: str, info: dict, results: dict[str, speed.Result]) -> None:
@@ -375,7 +437,7 @@ def cmd_run(o) -> int:
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
         "ab": [*me, "ab"],
         "mjx": [*me, "mjx"],
-        "learn": [*me, "learn", "--env-id", o.env_id],
+        "learn": [*me, "learn", "--env-id", *o.env_id],
         "ceilings": [*me, "ceilings"],
         "profile": [sys.executable, "dev/profile_atari.py", *profile, "--out", o.out],
     }
@@ -534,7 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--out", required=True, help="the folder of the files that come back ($OUT)")
         sp.add_argument("--before", default=BEFORE, help="the old code's folder (prepare writes it)")
         sp.add_argument("--seconds", type=float, default=450, help="the time of all parts (of the part, for part)")
-        sp.add_argument("--env-id", choices=sorted(TARGETS), default="HalfCheetah-v5", help="the learn part's task")
+        sp.add_argument(
+            "--env-id", nargs="+", choices=sorted(TARGETS), default=["HalfCheetah-v5"], help="learn's tasks"
+        )
         sp.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check every command")
     o = p.parse_args(argv)
     if o.mode == "prepare":
