@@ -16,7 +16,6 @@ a resumed run and a loaded model see what training saw. Importing this module ha
 import sys
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 import torch
 
@@ -33,6 +32,8 @@ def warn_once_per_process() -> None:
     """Make MuJoCo print each distinct warning once in this process, on stderr, instead of at every model it compiles
     and into MUJOCO_LOG.TXT in the working directory: gymnasium's half_cheetah.xml warns of a deprecated attribute
     (MuJoCo 4.0), once for each of a run's thousands of envs."""
+    import mujoco  # here, not at the top: importing it reads MUJOCO_GL, which a video env sets first
+
     mujoco.set_mju_user_warning(_warn_once)
 
 

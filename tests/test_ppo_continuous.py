@@ -461,8 +461,10 @@ def test_captured_update_learns_as_the_eager_one(tmp_path):
 
 def test_mujoco_warns_once_and_writes_no_log_file(tmp_path):
     """Before: gymnasium's half_cheetah.xml made MuJoCo 4.0 warn of a deprecated attribute at every env (4,097 lines
-    in the log of a 4,096-env run) and append each to MUJOCO_LOG.TXT in the working directory."""
-    code = "import ppo_continuous as pc\nfor i in range(3):\n    pc.make_env('HalfCheetah-v5', i, False, '', False)()"
+    in the log of a 4,096-env run) and append each to MUJOCO_LOG.TXT in the working directory. The script imports
+    no MuJoCo itself: importing it reads MUJOCO_GL, which the video env sets first."""
+    code = "import sys, ppo_continuous as pc\nassert 'mujoco' not in sys.modules\n"
+    code += "for i in range(3):\n    pc.make_env('HalfCheetah-v5', i, False, '', False)()"
     env = {**ENV, "PYTHONPATH": os.path.dirname(os.path.abspath(SCRIPT))}
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
