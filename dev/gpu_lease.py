@@ -68,10 +68,11 @@ PARTS += [("learn", "lease.log", 400, 0)]  # a call of its own: not in the defau
 LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its last iteration and checkpoint
 EVAL_S, EVAL_POINTS, EVAL_EPISODES = 30, 10, 10  # then the evaluations of its checkpoint copies: time, points, episodes
 TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_continuous_action.py: v4, 1M steps
-# the learn runs take 8x the worlds preset's gradient steps per iteration (32 minibatches, 8 epochs), as Brax's PPO
-# does: on the CPU it learned far more per step (benchmark/results/update_ratio_cpu_2026-11-26)
-LEARN_UPDATE = ["--num-minibatches", "32", "--update-epochs", "8"]
-LEARN = ["--sim", "mjx", "--preset", "worlds", *LEARN_UPDATE, "--gpu", "true"]  # after --env-id E
+# the learn runs: 1,024 worlds x 8 steps, and Brax's 32 minibatches x 8 epochs (8x the worlds preset's gradient steps
+# per iteration). On the CPU (benchmark/results/worlds_cpu_2026-11-26) they passed both targets by 1.6M steps, where
+# 4,096 x 32 left Hopper's policy at 532 after 5.2M
+LEARN = ["--sim", "mjx", "--preset", "worlds", "--num-envs", "1024", "--num-steps", "8", "--num-minibatches", "32"]
+LEARN += ["--update-epochs", "8", "--gpu", "true"]  # after --env-id E
 MJX_TINY = ["--env-id", "InvertedPendulum-v5", "--sim", "mjx", "--gpu", "false", "--num-envs", "16"]
 MJX_TINY += ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]  # the dry run's MJX runs
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
@@ -314,8 +315,8 @@ def part_learn(o) -> int:
     header = ["", "run", "steps", "wall s", "SPS (steps / wall s)", "eval return", "past target at step", "at s", "met"]
     note = f"each run's checkpoint evaluated on gymnasium's env ({EVAL_EPISODES} episodes, mean actions) at up to "
     note += f"{EVAL_POINTS} points; met: an evaluation passed the target within {LEARN_S} s"
-    flags = MJX_TINY if o.dry_run else LEARN
-    title = f"`ppo_continuous.py {shlex.join(flags)}` on {', '.join(tasks)}: seeds 1, 2, 3 at once, {budget:.0f} s each"
+    command = shlex.join(MJX_TINY if o.dry_run else ["--env-id", "E", *LEARN])
+    title = f"`ppo_continuous.py {command}`, E = {', '.join(tasks)}: seeds 1, 2, 3 at once, {budget:.0f} s each"
     with open(os.path.join(o.out, "learn.md"), "w") as f:
         f.write(speed.document(title, speed.machine_info(), note, speed.md_table(header, rows)))
     with open(os.path.join(o.work, "learn.json"), "w") as f:

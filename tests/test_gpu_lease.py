@@ -350,8 +350,8 @@ def test_prepare_copies_the_old_code_and_the_wheels_and_refuses_a_call_too_large
 
 def test_the_learn_runs_flags_resolve_to_brax_update_ratio():
     """The learn part's flags pass ppo_continuous.py's own argument resolution (a clash between the preset's sizes and
-    the update's would end each run at once, and waste a lease's call): 4,096 worlds x 32 steps, 32 minibatches of
-    4,096 rows, 8 epochs."""
+    the update's would end each run at once, and waste a lease's call): 1,024 worlds x 8 steps, 32 minibatches of
+    256 rows, 8 epochs, the preset's 256,256 network."""
     import tyro
 
     import ppo_continuous
@@ -360,4 +360,5 @@ def test_the_learn_runs_flags_resolve_to_brax_update_ratio():
         args = tyro.cli(ppo_continuous.Args, args=["--env-id", env_id, *gpu_lease.LEARN])
         ppo_continuous.resolve_args(args)
         sizes = (args.num_envs, args.num_steps, int(args.minibatch_size), args.num_minibatches, args.update_epochs)
-        assert sizes == (4096, 32, 4096, 32, 8) and args.sim == "mjx" and args.gpu == "true"
+        assert sizes == (1024, 8, 256, 32, 8) and args.sim == "mjx" and args.gpu == "true"
+        assert args.network_arch == "256,256"
