@@ -69,7 +69,7 @@ LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its l
 EVAL_S, EVAL_POINTS, EVAL_EPISODES = 30, 10, 10  # then the evaluations of its checkpoint copies: time, points, episodes
 TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_continuous_action.py: v4, 1M steps
 # the learn runs: 1,024 worlds x 8 steps, and Brax's 32 minibatches x 8 epochs (8x the worlds preset's gradient steps
-# per iteration). On the CPU (benchmark/results/worlds_cpu_2026-11-26) they passed both targets by 1.6M steps, where
+# per iteration). On the CPU (benchmark/results/worlds_cpu_2026-11-26) they passed both targets by 2.1M steps, where
 # 4,096 x 32 left Hopper's policy at 532 after 5.2M
 LEARN = ["--sim", "mjx", "--preset", "worlds", "--num-envs", "1024", "--num-steps", "8", "--num-minibatches", "32"]
 LEARN += ["--update-epochs", "8", "--gpu", "true"]  # after --env-id E
