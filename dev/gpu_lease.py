@@ -255,7 +255,8 @@ def part_learn(o) -> int:
     included, are evaluated on gymnasium's own env (--eval-checkpoint on the CPU: EVAL_EPISODES episodes, the mean
     actions). The returns a run logs lag its policy by a whole episode of every world: 4.1M steps at 4,096 worlds.
     learn.md: each seed's evaluated return against TARGETS; learn_curve.csv: every evaluation; learn_events.tar.gz:
-    the runs' event files (a call brings back 8 files). Dry run: MJX_TINY, no target."""
+    the runs' event files (a call brings back 8 files). Dry run: MJX_TINY, no target, the runs stopped once each
+    has 3 copies."""
     tasks = ["InvertedPendulum-v5"] if o.dry_run else o.env_id
     budget = min(LEARN_S, o.seconds - LEARN_MARGIN_S - EVAL_S)
     runs = {}  # (env id, seed): (its folder, its process)
@@ -270,9 +271,12 @@ def part_learn(o) -> int:
             runs[env_id, seed] = folder, subprocess.Popen(argv, cwd=folder)
     start = time.time()
     copies = {key: [] for key in runs}  # each run's checkpoint copies: (path, s since the start)
+    n = 3 if o.dry_run else EVAL_POINTS  # the last copy and every k-th before it: at most n
     while time.time() < start + budget and any(proc.poll() is None for _, proc in runs.values()):
         for key, (folder, _) in runs.items():
             copy_checkpoint(folder, copies[key], start)
+        if o.dry_run and min(map(len, copies.values())) >= n:  # the dry run checks the path, not the learning
+            break
         time.sleep(1)
     for _, proc in runs.values():
         proc.send_signal(signal.SIGTERM)  # nothing for a run that has ended
@@ -283,7 +287,6 @@ def part_learn(o) -> int:
             proc.kill()
     for key, (folder, _) in runs.items():
         copy_checkpoint(folder, copies[key], start)  # the one written at the SIGTERM
-    n = 3 if o.dry_run else EVAL_POINTS  # the last copy and every k-th before it: at most n
     picked = {key: taken[::-1][:: max(1, math.ceil(len(taken) / n))][::-1] for key, taken in copies.items()}
     curve = evaluations({path: when for taken in picked.values() for path, when in taken})
     points = {key: [curve[path] for path, _ in taken if curve[path][2] is not None] for key, taken in picked.items()}

@@ -111,10 +111,10 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     assert len(predictions) == 3 and all(int(p.replace(",", "")) > 0 for p in predictions), profile_text
     if mjx_envs.missing_extra():
         return
-    # the learn part, a call of its own: 3 tiny seeds at once, each stopped by SIGTERM at about 54 s (after the mjx
-    # part, so JAX's compilation cache holds their step), their checkpoint copies evaluated on gymnasium's env, their
-    # event files brought back in one archive. In a fresh clone's CI on the 2-core VM, beside the other tests, one seed
-    # of three left no checkpoint in 35 s
+    # the learn part, a call of its own: 3 tiny seeds at once (after the mjx part, so JAX's compilation cache holds
+    # their step), each stopped by SIGTERM once every seed has 3 checkpoint copies, or at the latest at 75 s; the copies
+    # evaluated on gymnasium's env, the event files brought back in one archive. In a fresh clone's CI on the 2-core
+    # VM, beside the other tests, one seed of three once left no checkpoint in 35 s
     learn = tmp_path / "learn"
     cmd = [*cmd[:-1], learn, "--before", old_code, "--parts", "learn", "--seconds", "120"]
     res = subprocess.run([*map(str, cmd)], capture_output=True, text=True, timeout=300)

@@ -8,8 +8,10 @@ minutes each on two cores. Marked `slow`: CI runs them (plain `pytest`); `pytest
 work."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,27 +20,59 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train(script, args, cwd):
-    env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, str(ROOT / script), "--no-progress-bar", "--seed", "1", *map(str, args)]
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+def curves_of(cwd) -> dict[str, np.ndarray]:
+    """Every scalar the run in ``cwd`` has logged so far, as (step, value) rows by tag (empty before its folder)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (run_dir,) = (Path(cwd) / "runs").iterdir()
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    run_dirs = list((Path(cwd) / "runs").glob("*"))
+    if not run_dirs:
+        return {}
+    acc = EventAccumulator(str(run_dirs[0]), size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: np.array([(e.step, e.value) for e in acc.Scalars(tag)]) for tag in acc.Tags()["scalars"]}
+
+
+def train(script, args, cwd, tag, reached):
+    """Run ``script`` with ``args`` and return its curves. The run is stopped (SIGTERM: it checkpoints and exits 0)
+    as soon as ``reached`` holds for the (step, value) rows of ``tag`` logged so far: the step budget bounds a run
+    that does not learn, and one that learns ends early, which saves CI a third of these tests' time. The assertions
+    read the curves, not how the run ended."""
+    env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, str(ROOT / script), "--no-progress-bar", "--seed", "1", *map(str, args)]
+    with open(Path(cwd) / "out.log", "w+") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 900
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(2)
+                curves = curves_of(cwd)
+                if tag in curves and reached(curves[tag]):
+                    proc.send_signal(signal.SIGTERM)
+                    break
+            returncode = proc.wait(timeout=max(0, deadline - time.monotonic()) + 60)
+        finally:
+            proc.kill()  # nothing once it has exited
+        log.seek(0)
+        assert returncode == 0, log.read()[-4000:]
+    return curves_of(cwd)
+
+
+def best_rolling_mean(curve: np.ndarray, window: int = 20) -> float:
+    """The best mean of ``window`` consecutive logged values (-inf while fewer were logged)."""
+    if len(curve) < window:
+        return -np.inf
+    return np.convolve(curve[:, 1], np.ones(window) / window, mode="valid").max()
 
 
 @pytest.mark.slow
 def test_ppo_continuous_balances_the_inverted_pendulum(tmp_path):
     """InvertedPendulum-v5 pays 1 per step up to 1000: the mean of 20 consecutive episodes reaches 900 within 100k
     steps (here, seeds 1-3 passed 950 at 40k-44k steps). 40 iterations of the default 2048 steps."""
-    curves = train("ppo_continuous.py", ["--env-id", "InvertedPendulum-v5", "--total-timesteps", 81920], tmp_path)
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", 81920]
+    curves = train("ppo_continuous.py", args, tmp_path, "charts/episodic_return", lambda c: best_rolling_mean(c) >= 900)
     steps, returns = curves["charts/episodic_return"].T
-    rolling = np.convolve(returns, np.ones(20) / 20, mode="valid")  # the mean of each 20 consecutive episodes
-    assert steps[-1] <= 100_000 and rolling.max() >= 900, f"best 20-episode mean {rolling.max():.1f}"
+    best = best_rolling_mean(curves["charts/episodic_return"])  # the mean of 20 consecutive episodes
+    assert steps[-1] <= 100_000 and best >= 900, f"best 20-episode mean {best:.1f}"
 
 
 @pytest.mark.slow
@@ -60,6 +94,6 @@ def test_dqn_snake_learns_to_eat(tmp_path):
         5000,
     ]
     args += ["--exploration-fraction", 0.375, "--total-timesteps", 200_000, "--log-every", 12_800]
-    curves = train("dqn_snake_vec.py", args, tmp_path)
+    curves = train("dqn_snake_vec.py", args, tmp_path, "charts/snake_length", lambda c: c[:, 1].max() >= 8)
     steps, lengths = curves["charts/snake_length"].T
     assert steps[-1] <= 200_000 and lengths.max() >= 8, f"best average length {lengths.max():.1f}"
