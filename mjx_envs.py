@@ -32,6 +32,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+import continuous_envs
+
 INSTALL_HINT = 'pip install -e ".[mjx]"'
 WARP_INSTALL_HINT = 'pip install -e ".[mjx,warp]"'
 
@@ -370,6 +372,7 @@ class MJXVectorEnv:
         xml_path = gymnasium_xml_path(self.task.xml_file)
         if not xml_path.is_file():
             raise MJXEnvError(f"no MuJoCo model at {xml_path}")
+        continuous_envs.warn_once_per_process()  # gymnasium's half_cheetah.xml: one warning, no MUJOCO_LOG.TXT
         self.mj_model = mujoco.MjModel.from_xml_path(str(xml_path))
         self.dt = self.mj_model.opt.timestep * self.task.frame_skip  # MujocoEnv.dt
         with jax.default_device(self._jax_device):

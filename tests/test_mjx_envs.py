@@ -11,6 +11,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -98,6 +99,20 @@ def test_a_jaxlib_that_can_hang_on_the_cpu_is_refused_with_what_to_install(monke
 def test_importing_the_module_imports_no_jax():
     code = "import sys, mjx_envs; assert 'jax' not in sys.modules and 'mujoco.mjx' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+@needs_mjx
+def test_mujoco_warns_once_and_writes_no_log_file(tmp_path):
+    """Before: each MJXVectorEnv of HalfCheetah printed MuJoCo 4.0's warning of a deprecated attribute in
+    gymnasium's half_cheetah.xml and appended it to MUJOCO_LOG.TXT in the working directory."""
+    code = (
+        "import mjx_envs\nfor seed in (1, 2):\n    mjx_envs.MJXVectorEnv('HalfCheetah-v5', 2, seed=seed, device='cpu')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("settotalmass") == 1, res.stderr
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
 
 
 # ---------------------------------------------------------------- against gymnasium, step by step
