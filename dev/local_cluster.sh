@@ -24,27 +24,13 @@ die() {
   exit 2
 }
 
-# True when the process in pid file $1 is alive and its command line names $2 (the daemon) and DIR.
-daemon_alive() {
-  local pid cmd
-  pid="$(cat "$1" 2>/dev/null || true)"
-  [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
-  cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline")"
-  [[ "$cmd" == *"$2"* && "$cmd" == *"$DIR"* ]]
-}
-
-# Stop the daemon of pid file $1 (named $2) if it is ours: TERM, then KILL after 15 s.
+# Whether the daemon of pid file $1, named $2, runs; and stopping it: TERM, then KILL after 15 s (start-stop-daemon,
+# from Debian's dpkg).
+daemon_alive() { start-stop-daemon --status --pidfile "$1" --name "$2" >/dev/null 2>&1; }
 stop_daemon() {
-  local pid i
   if daemon_alive "$1" "$2"; then
-    pid="$(cat "$1")"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 150; i++)); do
-      [[ -d "/proc/$pid" ]] || break
-      sleep 0.1
-    done
-    [[ -d "/proc/$pid" ]] && kill -KILL "$pid" 2>/dev/null
-    say "stopped $2 (pid $pid)"
+    start-stop-daemon --stop --quiet --pidfile "$1" --name "$2" --retry TERM/15/KILL/5 || true
+    say "stopped $2"
   fi
   rm -f "$1"
 }

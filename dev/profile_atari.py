@@ -78,15 +78,8 @@ def storage(a, device: torch.device):
     actions = torch.zeros(shape, dtype=torch.long, device=device)
     logprobs, values = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
     next_obs = torch.zeros((a.num_envs, 4, 84, 84), dtype=torch.uint8, device=device)
-    return (
-        obs,
-        actions,
-        logprobs,
-        values,
-        next_obs,
-        np.zeros(shape, np.float32),
-        np.zeros((shape[0] + 1, shape[1]), np.float32),
-    )
+    rewards, dones = np.zeros(shape, np.float32), np.zeros((shape[0] + 1, shape[1]), np.float32)
+    return obs, actions, logprobs, values, next_obs, rewards, dones
 
 
 def rollouts(a, threads: int, buffers, pin: bool) -> tuple[dict[str, object], list]:
@@ -152,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="folder for profile_atari_<device>.md (empty: print only)")
     o, script_args = p.parse_known_args(argv)
     a = tyro.cli(ppo_atari.Args, args=script_args)
-    try:
+    with run_utils.one_line_errors():  # exit 2 with the first check's line
         ppo_atari.validate(a, 1)
         run_utils.check(
             {
@@ -162,9 +155,6 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         device, _ = run_utils.select_device(a)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     gpu_utils.enable_tf32(a.tf32, a.torch_deterministic)
     threads = gpu_utils.thread_budget(a.num_threads).threads
     gpu_utils.limit_threads(threads)

@@ -1,7 +1,6 @@
 """The developers' speed tables, built on benchmark/speed.py: old code against new on one machine, and runs at once.
 
     python dev/speed_dev.py ab --before c9316f8            # old and new code, interleaved, at the table's rows
-    python dev/speed_dev.py before c9316f8 .ab/before      # a commit's scripts in a folder, for ab --before FOLDER
     python dev/speed_dev.py concurrency --copies 1 2 4     # copies at once, started by hand: total SPS vs one alone
 
 A speed change is judged on one machine: two machines' CPUs differ by up to 1.6x. `ab` runs each row of the
@@ -72,7 +71,7 @@ def before_code(before: str) -> tuple[str, str]:
     if os.path.isdir(before):
         missing = [f for f in AB_SCRIPTS if not os.path.isfile(os.path.join(before, f))]
         if missing:
-            raise UsageError(f"--before {before}: no {', '.join(missing)} there; fill it with `before REF {before}`")
+            raise UsageError(f"--before {before}: no {', '.join(missing)} there; give a commit, or a folder of one")
         ref = os.path.join(before, "REF")
         commit = open(ref).read().strip() if os.path.isfile(ref) else "not recorded"
         return os.path.abspath(before), f"folder {before} (commit {commit})"
@@ -83,16 +82,6 @@ def before_code(before: str) -> tuple[str, str]:
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     export_before(commit, folder)
     return folder, f"commit {commit}"
-
-
-def cmd_before(a) -> int:
-    commit = resolve_commit(a.ref)
-    if not commit:
-        raise UsageError(f"before: '{a.ref}' is not a commit here")
-    shutil.rmtree(a.folder, ignore_errors=True)
-    export_before(commit, a.folder)
-    print(f"before: the scripts of commit {commit} in {a.folder}")
-    return 0
 
 
 def ab_cell(results: list[speed.Result]) -> tuple[float | None, str]:
@@ -192,11 +181,8 @@ def cmd_concurrency(a) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = speed.Parser(prog="speed_dev.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True, parser_class=speed.Parser)
-    e = sub.add_parser("before", help="copy a commit's scripts into a folder for `ab --before FOLDER`")
-    e.add_argument("ref", help="a commit of this repository")
-    e.add_argument("folder", help="where the scripts go (emptied first)")
     b = sub.add_parser("ab", help="old and new code at the table's rows, interleaved on this machine")
-    b.add_argument("--before", required=True, help="the old code: a folder (`before REF FOLDER`) or a git commit")
+    b.add_argument("--before", required=True, help="the old code: a git commit, or a folder (gpu_lease.py prepare's)")
     b.add_argument("--profile", choices=["cpu", "gpu"], default="cpu", help="whose rows (speed.py table's)")
     b.add_argument("--rounds", type=speed.count(1), default=2, help="interleaved rounds of old and new")
     b.add_argument("--only", nargs="*", help="rows whose command contains one of these")
@@ -214,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             "--host", default=os.environ.get("HOST_LABEL", speed.socket.gethostname()), help="name in files"
         )
     a = p.parse_args(argv)
-    return {"before": cmd_before, "ab": cmd_ab, "concurrency": cmd_concurrency}[a.mode](a)
+    return {"ab": cmd_ab, "concurrency": cmd_concurrency}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_ab_refuses_a_folder_without_the_scripts_and_reads_a_commit(tmp_path, ca
     assert "neither a folder nor a commit of this repository" in capsys.readouterr().err
     if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("no git history here")
-    assert speed_dev.main(["before", "HEAD", str(tmp_path / "head")]) == 0
+    speed_dev.export_before("HEAD", str(tmp_path / "head"))  # what gpu_lease.py prepare writes to .lease/before
     # the scripts with every module beside them that they import (run_utils.py, the env modules), as HEAD has them
     head = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", "HEAD"], capture_output=True, text=True)
     modules = [name for name in head.stdout.split() if name.endswith(".py")]
@@ -99,7 +99,9 @@ def test_profile_atari_bad_options_are_one_line_errors(capsys):
         (["--steps", "3"], "--steps must be at least 6"),
         (["--num-envs", "1", "--minibatch-size", "64"], "--num-envs must be at least 2"),
     ]:
-        assert profile_atari.main(args) == 2
+        with pytest.raises(SystemExit) as ended:
+            profile_atari.main(args)
+        assert ended.value.code == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
 
