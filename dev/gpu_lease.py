@@ -19,12 +19,9 @@ a file under --out (a call brings back at most 8):
     mjx       --sim mjx (#40): HalfCheetah's MJX worlds alone, and ppo_continuous.py learning on them    mjx.md
     learn     only asked for (--parts learn --env-id E...): #40's targets, 3 seeds a task for 300 s    learn.md
 
-then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. The
-limits come from the H100 leases of 2026-11-23 (benchmark/results/gpu_h100_2026-11-23): a --compile --cudagraphs run
-spent 20-30 s before its first SPS, beast --subproc about 35 s (its 64 env processes start), pytest -m gpu 97 s for
-13 tests on 4 workers; the wheels install in about 15 s before `run` starts. On the H200 of 2026-11-26 `ab` measured
-8 of its runs in 213 s: the last (Snake at 65,536 games) may not fit, and the table says which were skipped. `mjx`
-keeps no time of its own: it gets what the others leave, or a second call of its own (`--parts mjx`).
+then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. Where
+the limits come from: CONTRIBUTING.md. `mjx` keeps no time of its own: it gets what the others leave, or a second call
+of its own (`--parts mjx`).
 """
 
 from __future__ import annotations
@@ -71,10 +68,10 @@ TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_con
 # the learn runs: 1,024 worlds x 8 steps, and Brax's 32 minibatches x 8 epochs (8x the worlds preset's gradient steps
 # per iteration). On the CPU (benchmark/results/worlds_cpu_2026-11-26) they passed both targets by 2.1M steps, where
 # 4,096 x 32 left Hopper's policy at 532 after 5.2M
-LEARN = ["--sim", "mjx", "--preset", "worlds", "--num-envs", "1024", "--num-steps", "8", "--num-minibatches", "32"]
-LEARN += ["--update-epochs", "8", "--gpu", "true"]  # after --env-id E
-MJX_TINY = ["--env-id", "InvertedPendulum-v5", "--sim", "mjx", "--gpu", "false", "--num-envs", "16"]
-MJX_TINY += ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]  # the dry run's MJX runs
+LEARN = "--sim mjx --preset worlds --num-envs 1024 --num-steps 8 --num-minibatches 32 --update-epochs 8".split()
+LEARN += ["--gpu", "true"]  # after --env-id E
+MJX_TINY = "--env-id InvertedPendulum-v5 --sim mjx --gpu false --num-envs 16".split()
+MJX_TINY += "--num-steps 8 --minibatch-size 64 --update-epochs 1".split()  # the dry run's MJX runs
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
 echo "CPUs: $(nproc --all),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"; echo "gcc: $(gcc --version | head -1)"
 "$0" -c 'import os, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); print("Python.h:", h,
@@ -83,15 +80,9 @@ echo "CPUs: $(nproc --all),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 # (with how many values follow) its runs leave out: the compiler takes minutes there and CUDA graphs need CUDA (the
 # flag check still parses them)
 TINY = {
-    "ppo_atari.py": (128, ["--num-steps", "8", "--minibatch-size", "64", "--update-epochs", "1"]),
-    "ppo_continuous.py": (
-        128,
-        ["--num-envs", "1", "--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "1"],
-    ),
-    "dqn_snake_vec.py": (
-        64,
-        ["--num-envs", "16", "--learning-starts", "32", "--log-every", "64", "--batch-size", "16"],
-    ),
+    "ppo_atari.py": (128, "--num-steps 8 --minibatch-size 64 --update-epochs 1".split()),
+    "ppo_continuous.py": (128, "--num-envs 1 --num-steps 128 --num-minibatches 2 --update-epochs 1".split()),
+    "dqn_snake_vec.py": (64, "--num-envs 16 --learning-starts 32 --log-every 64 --batch-size 16".split()),
 }
 GPU_ONLY = {"--compile": 0, "--cudagraphs": 0, "--env-mode": 1}
 
@@ -432,10 +423,10 @@ def cmd_run(o) -> int:
     # the dry run collects one test file (the whole suite's collection takes a CPU long, and CI collects it anyway)
     tests = ["-p", "no:cacheprovider", "-q", "-n", "0" if o.dry_run else "8"]
     tests.append("tests/test_cuda_graph.py" if o.dry_run else "tests")
-    profile = ["--gpu", "true", "--steps", "150"]
+    profile = "--gpu true --steps 150".split()
     if o.dry_run:
-        profile = ["--gpu", "false", "--no-compile", "--num-envs", "2", "--num-steps", "8", "--minibatch-size", "8"]
-        profile += ["--steps", "12", "--iterations", "2"]
+        profile = "--gpu false --no-compile --num-envs 2 --num-steps 8 --minibatch-size 8 --steps 12 --iterations 2"
+        profile = profile.split()
     commands = {
         "facts": ["bash", "-c", FACTS, sys.executable],
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
@@ -468,16 +459,15 @@ def cmd_run(o) -> int:
 
 
 def profiled_update(out: str) -> tuple[str, float | None]:
-    """profile_atari.py's update row: the one of --compile --cudagraphs (on a GPU), else its first (eager,
-    on a CPU). Returns (phase, ms per iteration)."""
+    """profile_atari.py's update row: the one of --compile --cudagraphs (on a GPU), else its first (eager, on a CPU).
+    Returns (phase, ms per iteration)."""
     for name in ("profile_atari_cuda.md", "profile_atari_cpu.md"):
         if os.path.isfile(os.path.join(out, name)):
             with open(os.path.join(out, name)) as f:
-                rows = [line.strip("| ").split(" | ")[:2] for line in f if line.startswith("| update (")]
-            rows = [(phase, float(ms)) for phase, ms in rows]
-            graph = [row for row in rows if "--cudagraphs" in row[0]]
+                rows = re.findall(r"^\| (update \([^|]*?) \| ([\d.]+) \|", f.read(), re.M)
             if rows:
-                return (graph or rows)[0]
+                phase, ms = next((row for row in rows if "--cudagraphs" in row[0]), rows[0])
+                return phase, float(ms)
     return "update (not profiled)", None
 
 

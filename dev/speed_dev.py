@@ -150,20 +150,15 @@ def cmd_concurrency(a) -> int:
             total = sum(r.sps for r in done) if all(r.ok for r in done) else None
             alone = total if n == 1 else alone
             ratio = total / alone if total and alone else None
-            met = (
-                f">= {target[n]:.2f}x: " + ("met" if ratio and ratio >= target[n] else "not met")
-                if n in target
-                else DASH
-            )
+            met = DASH
+            if n in target:
+                met = f">= {target[n]:.2f}x: " + ("met" if ratio and ratio >= target[n] else "not met")
             threads = " / ".join(DASH if r.threads is None else str(r.threads) for r in done)
             status = "ok" if total else "; ".join(sorted({r.status for r in done if not r.ok}))
             per_copy = " / ".join(fmt(r.sps) for r in done)
             rows.append([name, n, per_copy, fmt(total), f"{ratio:.2f}x" if ratio else DASH, threads, met, status])
-    how = (
-        "each pinned to its CPUs with OMP_NUM_THREADS set"
-        if a.pin
-        else "started by hand: no pinning, no thread variables"
-    )
+    how = "started by hand: no pinning, no thread variables"
+    how = "each pinned to its CPUs with OMP_NUM_THREADS set" if a.pin else how
     body = [
         f"Copies at once, each with the same step budget (x{a.scale:g}), {how}. Total SPS: the sum of the copies' "
         "median `charts/SPS`; threads/torch: each copy's last share of the CPUs.",
