@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from statistics import fmean, pstdev
 
+import tyro
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmark"), os.path.join(ROOT, "dev")]
 import speed  # noqa: E402  (Setting, run_settings, the ceilings and tables: one way to read a rate)
@@ -131,8 +133,6 @@ def tiny(setting: speed.Setting) -> speed.Setting:
 def check_flags(before: str) -> list[str]:
     """Parse every run's arguments with its own script's Args (tyro), the old code's and the new: a flag a script
     lacks shows here, not on the GPU machine. Returns the commands that do not parse."""
-    import tyro
-
     modules, bad = {}, []
     for s in [*training_runs(before).values(), *mjx_runs().values()]:
         path = os.path.join(ROOT, s.args[0])
@@ -188,11 +188,10 @@ def part_ceilings(o) -> int:
     """The envs alone, what the targets need first: VecSnake at 2^22 games (the 1e9 target), beast's 64 MuJoCo envs
     in subprocesses, ppo_atari's 16 Atari envs (and in async batches of 8), then VecSnake at 2^20, 2^16 and 4,096
     games (dqn_snake_vec.py's target size). Dense and fused; on a CPU no fused step (its compile takes a minute)."""
-    cpu = o.dry_run
-    seconds, device = (0.3, "cpu") if cpu else (1.5, "cuda")
-    atari, mujoco = (4, 1) if cpu else (16, 64)
-    modes = ["dense"] if cpu else ["dense", "fused"]
-    big, small = ([64], [128]) if cpu else ([2**16, 2**20, 2**22], [4096])
+    seconds, device = (0.3, "cpu") if o.dry_run else (1.5, "cuda")
+    atari, mujoco = (4, 1) if o.dry_run else (16, 64)
+    modes = ["dense"] if o.dry_run else ["dense", "fused"]
+    big, small = ([64], [128]) if o.dry_run else ([2**16, 2**20, 2**22], [4096])
 
     def snake(sizes):
         return [(f"snake-{mode}/{n}", speed.snake_row(seconds, n, device, mode)) for n in sizes for mode in modes]
@@ -357,10 +356,8 @@ def learned(points: list[tuple], target: float | None) -> list:
     if not points:
         return [None] * 6
     when, step, ret = points[-1]
-    past = next(
-        ((at_step, at) for at, at_step, value in points if target is not None and value >= target), (None, None)
-    )
-    return [step, when, step / when, ret, *past]
+    passed = [(at_step, at) for at, at_step, value in points if target is not None and value >= target]
+    return [step, when, step / when, ret, *(passed[0] if passed else (None, None))]
 
 
 def write(o, name: str, title: str, info: dict, results: dict[str, speed.Result]) -> None:
@@ -520,10 +517,8 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
     changes = [[key, f"{sps / old(key):.2f}x"] for key, sps in ab.items() if "before" not in key and sps and old(key)]
     dry = " (dry run: tiny sizes on the CPU, the figures mean nothing)" if o.dry_run else ""
     header = "figure | measured | target | ratio (>= 1 meets it) | met | of the env's own rate | after / before"
-    machine = (
-        f"- GPU: {speed.machine_info()['GPU']}; CPUs: {os.cpu_count()}; the parts took {wall:.0f} s of {o.seconds:.0f}"
-    )
-    lines = [f"# GPU lease: summary{dry}", "", machine]
+    took = f"the parts took {wall:.0f} s of {o.seconds:.0f}"
+    lines = [f"# GPU lease: summary{dry}", "", f"- GPU: {speed.machine_info()['GPU']}; CPUs: {os.cpu_count()}; {took}"]
     lines += ["", *speed.md_table(header.split(" | "), rows), ""]
     lines += [*speed.md_table(["run (ab.md)", f"after / before ({BEFORE_REF})"], changes), ""]
     return "\n".join([*lines, *speed.md_table(["part", "status", "seconds", "limit s"], statuses)]) + "\n"
@@ -590,9 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--out", required=True, help="the folder of the files that come back ($OUT)")
         sp.add_argument("--before", default=BEFORE, help="the old code's folder (prepare writes it)")
         sp.add_argument("--seconds", type=float, default=450, help="the time of all parts (of the part, for part)")
-        sp.add_argument(
-            "--env-id", nargs="+", choices=sorted(TARGETS), default=["HalfCheetah-v5"], help="learn's tasks"
-        )
+        sp.add_argument("--env-id", nargs="+", choices=[*TARGETS], default=["HalfCheetah-v5"], help="learn's tasks")
         sp.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check every command")
     o = p.parse_args(argv)
     if o.mode == "prepare":

@@ -155,12 +155,10 @@ start() {
 }
 
 stop_all() {
-  local i jobs
+  local i
   export SLURM_CONF="$CONF"
   if daemon_alive "$DIR/slurmctld.pid" slurmctld; then # cancel its jobs first: no job step outlives its slurmd
-    jobs="$(squeue -h -o '%A' 2>/dev/null | sort -u | tr '\n' ' ')"
-    # shellcheck disable=SC2086  # job ids, one word each
-    [[ -z ${jobs// /} ]] || scancel $jobs 2>/dev/null || true
+    squeue -h -o '%A' 2>/dev/null | sort -u | xargs -r scancel 2>/dev/null || true
     for ((i = 0; i < 900; i++)); do # KillWait (60 s) plus a margin
       [[ -z "$(squeue -h -o '%A' 2>/dev/null)" ]] && break
       sleep 0.1

@@ -36,7 +36,9 @@ import torch
 import tyro
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmark")]
+import speed  # noqa: E402  (the tables' machine header and markdown)
+
 import gpu_utils  # noqa: E402
 import ppo_atari  # noqa: E402
 import run_utils  # noqa: E402
@@ -191,28 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     for envs in rollout_envs:
         envs.close()
     size, ceiling = a.num_envs * a.num_steps, a.num_envs / env_ms * 1000
-    lines = [
-        f"# Where a ppo_atari.py iteration goes: {a.env_id}, {a.num_envs} envs x {a.num_steps} steps, minibatch "
-        f"{a.minibatch_size}, {a.update_epochs} epochs",
-        "",
-        f"- command: `python {' '.join(sys.argv)}`",
-        f"- device: {gpu_utils.device_label(device)}; CPU threads: {threads}; torch {torch.__version__}; "
-        + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "",
-        "| phase | ms | per |",
-        "|---|---|---|",
-        *[f"| {name} | {ms:.3f} | {unit} |" for name, ms, unit in rows],
-        "",
-        f"Env ceiling: {ceiling:,.0f} agent steps/s. Predicted SPS = {size} / ({a.num_steps} x rollout + update):",
-        "",
-        "| rollout | update | predicted SPS | of the ceiling | rollout share |",
-        "|---|---|---|---|---|",
-    ]
+    predictions = []
     for rollout, update, rollout_ms, update_ms in predicted:
         sps = size / (rollout_ms + update_ms) * 1000
         share = rollout_ms / (rollout_ms + update_ms)
-        lines.append(f"| {rollout} | {update} | {sps:,.0f} | {sps / ceiling:.0%} | {share:.0%} |")
-    text = "\n".join(lines) + "\n"
+        predictions.append([rollout, update, f"{sps:,.0f}", f"{sps / ceiling:.0%}", f"{share:.0%}"])
+    title = f"Where a ppo_atari.py iteration goes: {a.env_id}, {a.num_envs} envs x {a.num_steps} steps, minibatch "
+    title += f"{a.minibatch_size}, {a.update_epochs} epochs"
+    info = speed.machine_info() | {"device": f"{gpu_utils.device_label(device)}; CPU threads: {threads}"}
+    body = [
+        *speed.md_table(["phase", "ms", "per"], [[name, f"{ms:.3f}", unit] for name, ms, unit in rows]),
+        "",
+        f"Env ceiling: {ceiling:,.0f} agent steps/s. Predicted SPS = {size} / ({a.num_steps} x rollout + update):",
+        "",
+        *speed.md_table(["rollout", "update", "predicted SPS", "of the ceiling", "rollout share"], predictions),
+    ]
+    text = speed.document(title, info, "", body)
     print("\n" + text)
     if o.out:
         os.makedirs(o.out, exist_ok=True)
