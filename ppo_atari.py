@@ -191,10 +191,6 @@ class Rollout:
             self.host_obs_np[rows], info = envs.reset(seed=seed + rows.start)
             self.trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
         self.next_obs.copy_(self.host_obs, non_blocking=True)
-        # each step's finished games (score over all lives, length), read once per rollout
-        self.game_over = np.zeros(self.rewards.shape, dtype=bool)
-        self.game_scores = np.zeros(self.rewards.shape)
-        self.game_lengths = np.zeros(self.rewards.shape, dtype=np.int64)
         self.games = []
 
     def collect(self, act, bootstrap, recorder=None) -> list[str]:
@@ -204,6 +200,7 @@ class Rollout:
         self.dones[0] = self.dones[self.num_steps]  # whether the first observation starts an episode
         playing = collections.deque()  # (step, group) of the actions the envs are playing
         videos = []
+        self.games = []  # (score over all lives, length) of each game that ends, in the order of (step, env)
         for step in range(self.num_steps):
             for group, rows in enumerate(self.rows):
                 self.obs[step, rows] = self.next_obs[rows]
@@ -215,7 +212,6 @@ class Rollout:
                     videos += self.receive(*playing.popleft(), bootstrap, recorder)
         while playing:
             videos += self.receive(*playing.popleft(), bootstrap, recorder)
-        self.games = list(zip(self.game_scores[self.game_over], self.game_lengths[self.game_over]))
         return [video for video in videos if video]
 
     def receive(self, step, group, bootstrap, recorder) -> list[str | None]:
@@ -228,9 +224,7 @@ class Rollout:
         )
         self.rewards[step, rows] = clipped
         self.dones[step + 1, rows] = learn_done
-        self.game_over[step, rows] = over
-        self.game_scores[step, rows] = scores
-        self.game_lengths[step, rows] = lengths
+        self.games += zip(scores[over].tolist(), lengths[over].tolist())  # received in (step, group) order
         if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
             self.rewards[step, rows] += bootstrap(info["final_obs"], truncated, terminated)
         if recorder is None or group != 0:
