@@ -420,10 +420,9 @@ def cmd_run(o) -> int:
     # the dry run collects one test file (the whole suite's collection takes a CPU long, and CI collects it anyway)
     tests = ["-p", "no:cacheprovider", "-q", "-n", "0" if o.dry_run else "8"]
     tests.append("tests/test_cuda_graph.py" if o.dry_run else "tests")
-    profile = "--gpu true --steps 150".split()
+    profile = "--gpu true --steps 150"
     if o.dry_run:
         profile = "--gpu false --no-compile --num-envs 2 --num-steps 8 --minibatch-size 8 --steps 12 --iterations 2"
-        profile = profile.split()
     commands = {
         "facts": ["bash", "-c", FACTS, sys.executable],
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
@@ -431,7 +430,7 @@ def cmd_run(o) -> int:
         "mjx": [*me, "mjx"],
         "learn": [*me, "learn", "--env-id", *o.env_id],
         "ceilings": [*me, "ceilings"],
-        "profile": [sys.executable, "dev/profile_atari.py", *profile, "--out", o.out],
+        "profile": [sys.executable, "dev/profile_atari.py", *profile.split(), "--out", o.out],
     }
     statuses, parts = [], [part for part in PARTS if part[0] in o.parts]
     for i, (name, output, cap, _) in enumerate(parts):

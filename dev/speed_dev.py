@@ -158,7 +158,8 @@ def cmd_concurrency(a) -> int:
             per_copy = " / ".join(fmt(r.sps) for r in done)
             rows.append([name, n, per_copy, fmt(total), f"{ratio:.2f}x" if ratio else DASH, threads, met, status])
     how = "started by hand: no pinning, no thread variables"
-    how = "each pinned to its CPUs with OMP_NUM_THREADS set" if a.pin else how
+    if a.pin:
+        how = "each pinned to its CPUs with OMP_NUM_THREADS set"
     body = [
         f"Copies at once, each with the same step budget (x{a.scale:g}), {how}. Total SPS: the sum of the copies' "
         "median `charts/SPS`; threads/torch: each copy's last share of the CPUs.",
