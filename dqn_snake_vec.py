@@ -324,8 +324,7 @@ if __name__ == "__main__":
         run_utils.end_evaluation(f"Snake{h}x{w}", returns, more)
     # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
     cpu_share = gpu_utils.CpuShare(threads)
-    share = f"{cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, the games are torch ops too"
-    run_utils.print_device(device, device_why, tf32, args.amp, share)
+    run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, "the games are torch ops too")
     run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, {}, "config:")
 
     # ---------------- logging
@@ -356,13 +355,10 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True, capturable=use_graph)
     if ckpt:
         modules = dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env)
-        run_utils.load_states(modules, ckpt, args.resume)
-        obs = env.observe()
-        gpu_utils.set_rng_state(ckpt["rng"][0], device)
-        print(
-            f"resumed {args.resume} at step {ckpt['global_step']} (iteration {start_iteration}/{num_iterations}); "
-            "the replay memory starts empty"
+        run_utils.resume_states(
+            modules, ckpt, args.resume, device, num_iterations, note="; the replay memory starts empty"
         )
+        obs = env.observe()
     global_step = start_iteration * n
 
     def act(obs, epsilon):

@@ -397,15 +397,24 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def choose_batch_size(total: int, requested: int | str = "auto", target: int | None = None) -> int:
+def choose_batch_size(
+    total: int, requested: int | str = "auto", target: int | None = None, parts: int | None = None
+) -> int:
     """Return a minibatch size that divides ``total``.
 
     ``requested="auto"`` picks the largest divisor of ``total`` not above ``target`` (``target`` defaults to
     ``total``). An explicit size that does not divide ``total`` raises ``BatchSizeError`` listing valid sizes.
+    ``parts`` (CleanRL's ``--num-minibatches``), when given, wins: ``total / parts``, or a ``BatchSizeError`` listing
+    valid counts when it does not divide ``total``.
     """
     if total < 1:
         raise BatchSizeError(f"the total batch must be at least 1, got {total}")
     divisors_of_total = divisors(total)
+    if parts is not None:
+        if parts < 1 or total % parts:
+            valid = ", ".join(map(str, divisors_of_total[:12]))
+            raise BatchSizeError(f"{parts} minibatches do not divide the total batch {total}; valid counts: {valid}")
+        return total // parts
     if isinstance(requested, str):
         text = requested.strip().lower()
         if text == "auto":
@@ -464,6 +473,7 @@ class MemoryEstimate:
     activations: int
     cuda_context: int
     workspace: int = 0
+    parameters: int = 0  # the model's, for the printout
 
     @property
     def total(self) -> int:
@@ -482,7 +492,7 @@ class MemoryEstimate:
             ("cuBLAS workspace", self.workspace),
             ("total (allocator)", self.total),
         ]
-        lines = ["memory estimate", "-" * 32]
+        lines = [f"memory estimate ({self.parameters:,} parameters)", "-" * 32]
         lines += [f"{name:<18}{nbytes / 2**20:>11.2f} MiB" for name, nbytes in rows]
         if self.cuda_context:
             lines.append(f"{'+ CUDA context':<18}{self.cuda_context / 2**20:>11.2f} MiB (outside the allocator)")
@@ -575,6 +585,7 @@ def estimate_memory(
         activations=activation_bytes,
         cuda_context=CUDA_CONTEXT_BYTES if on_gpu else 0,
         workspace=CUBLAS_WORKSPACE_BYTES * (3 if cudagraphs else 1) if on_gpu else 0,
+        parameters=sum(p.numel() for p in model.parameters()),
     )
 
 

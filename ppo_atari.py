@@ -5,7 +5,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import ale_py  # importing it registers the ALE/<Game>-v5 ids with gymnasium
 import gymnasium as gym
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ from torch.distributions import Categorical
 
 import gpu_utils
 import run_utils
+from atari_envs import EpisodeTracker, agent_view, make_envs
 
 
 @dataclass
@@ -102,76 +102,17 @@ def validate(args: Args, world_size: int) -> None:
         }
     )
     batch_size = args.num_envs * args.num_steps  # per process
-    if args.num_minibatches is not None:
-        if args.num_minibatches < 1 or batch_size % args.num_minibatches:
-            valid = ", ".join(map(str, gpu_utils.divisors(batch_size)[:12]))
-            problem = f"--num-minibatches {args.num_minibatches} does not divide the batch {batch_size}"
-            raise ValueError(f"{problem}; valid: {valid}")
-        args.minibatch_size = batch_size // args.num_minibatches
-    try:
-        args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size)
+    try:  # --num-minibatches, when given, wins (CleanRL's way to size them)
+        args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size, parts=args.num_minibatches)
     except gpu_utils.BatchSizeError as exc:
-        raise ValueError(f"--minibatch-size: {exc} (num_envs * num_steps)") from None
+        flag = "--minibatch-size" if args.num_minibatches is None else "--num-minibatches"
+        raise ValueError(f"{flag}: {exc} (num_envs * num_steps)") from None
     args.num_minibatches = batch_size // args.minibatch_size
     one_batch = f"--total-timesteps must be at least one batch ({batch_size * world_size} agent steps)"
     run_utils.check(run_utils.shared_checks(args) | {one_batch: args.total_timesteps >= batch_size * world_size})
 
 
 # ---------------------------------------------------------------- environment
-def make_envs(args, num_envs: int, env_threads: int, batch_size: int = 0):
-    """ale-py's C++ vector env stepped by threads: v5 semantics, raw rewards, game-over terminals, SameStep autoreset
-    (the last observation of a finished game is in info["final_obs"]). ``batch_size`` < num_envs: reset and recv
-    hand back the first batch_size envs to finish, named by info["env_id"] (0: every env, in order)."""
-    return ale_py.AtariVectorEnv(
-        gym.spec(args.env_id).kwargs["game"],
-        num_envs,
-        batch_size=batch_size,
-        repeat_action_probability=0.25,
-        full_action_space=False,
-        num_threads=min(env_threads, num_envs),
-        autoreset_mode="SameStep",
-        frameskip=4,
-        maxpool=True,
-        img_height=84,
-        img_width=84,
-        grayscale=True,
-        stack_num=4,
-        noop_max=30,
-        use_fire_reset=True,
-        episodic_life=False,
-        life_loss_info=False,
-        reward_clipping=False,
-        max_num_frames_per_episode=args.max_episode_frames,
-    )
-
-
-class EpisodeTracker:
-    """Full-game accounting, vectorised. `step` returns rewards clipped to [-1, 1], the learning dones (a lost life is
-    one), which games ended (terminated or truncated), and every env's raw score over all lives and length in agent
-    steps so far: a finished game's result where it ended. ``rows``: the envs the results are of (default: all)."""
-
-    def __init__(self, num_envs: int, lives: np.ndarray):
-        self.returns = np.zeros(num_envs, dtype=np.float64)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
-        self.lives = np.array(lives)
-
-    def step(self, rewards, terminated, truncated, lives, rows=slice(None)):
-        game_over = terminated | truncated
-        life_lost = (lives < self.lives[rows]) & ~game_over
-        self.lives[rows] = lives  # after a game over these are the new game's lives (SameStep reset)
-        scores = self.returns[rows] + rewards
-        lengths = self.lengths[rows] + 1
-        self.returns[rows] = np.where(game_over, 0.0, scores)
-        self.lengths[rows] = np.where(game_over, 0, lengths)
-        clipped = np.clip(rewards, -1, 1).astype(np.float32)
-        return clipped, game_over | life_lost, game_over, scores, lengths
-
-
-def agent_view(obs: np.ndarray) -> np.ndarray:
-    """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a video."""
-    return np.repeat(np.repeat(obs[-1], 2, 0), 2, 1)[..., None].repeat(3, -1)
-
-
 class Rollout:
     """The envs in two halves (one group without --overlap-envs) that take turns: the policy acts on one half's
     observations while the other half's envs play (C++ threads). ``collect`` fills the (num_steps, num_envs) rollout
@@ -467,19 +408,15 @@ if __name__ == "__main__":
         run_utils.end_evaluation(args.env_id, scores)
     # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on the other half's
     num_groups = 2 if args.overlap_envs and args.num_envs >= 2 and not args.async_envs else 1
-    env_rows = [
-        slice(g * args.num_envs // num_groups, (g + 1) * args.num_envs // num_groups) for g in range(num_groups)
-    ]
+    bounds = [g * args.num_envs // num_groups for g in range(num_groups + 1)]
+    env_rows = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
     if is_main:
         processes = f"; {world_size} processes" if distributed else ""
-        share = (
-            f"{cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, {env_threads} stepping the envs"
-        )
-        run_utils.print_device(device, device_why + processes, tf32, args.amp, share)
         halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
         if args.async_envs:
             halves = f"one group; the policy acts on the first {args.async_envs} to finish (--overlap-envs: no effect)"
-        print(f"envs: {args.num_envs}, stepped in {halves}")
+        stepping = f"{env_threads} stepping the {args.num_envs} envs in {halves}"
+        run_utils.print_device(device, device_why + processes, tf32, args.amp, cpu_share, stepping)
         run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, {}, "config:")
 
     # ---------------- logging
@@ -501,10 +438,8 @@ if __name__ == "__main__":
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
-        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume)
-        gpu_utils.set_rng_state(ckpt["rng"][rank], device)  # each process continues its own noise and shuffles
-        if is_main:
-            print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{args.num_iterations})")
+        states = {"model": agent, "optimizer": optimizer}
+        run_utils.resume_states(states, ckpt, args.resume, device, args.num_iterations, rank)
 
     @torch.no_grad()
     def policy_step(x):
@@ -543,14 +478,12 @@ if __name__ == "__main__":
     # dones[t] = 1 when obs[t] starts a new episode; dones[num_steps]: the next rollout's first
     host_rewards = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, pin_memory=pin)
     host_dones = torch.zeros((args.num_steps + 1, args.num_envs), dtype=torch.float32, pin_memory=pin)
-    if is_main:
-        rollout_bytes = sum(t.numel() * t.element_size() for t in (obs, actions, logprobs, values)) * 3 // 2
-        mb_bytes = args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4)
-        est = gpu_utils.estimate_memory(
-            agent, "adam", mb_bytes, rollout_bytes, None, obs[0, :2], args.minibatch_size, use_graph
-        )
-        print(f"{sum(p.numel() for p in params):,} parameters")
-        run.note_estimate(est, global_step)
+    rollout_bytes = sum(t.numel() * t.element_size() for t in (obs, actions, logprobs, values)) * 3 // 2
+    mb_bytes = args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4)
+    est = gpu_utils.estimate_memory(
+        agent, "adam", mb_bytes, rollout_bytes, None, obs[0, :2], args.minibatch_size, use_graph
+    )
+    run.note_estimate(est, global_step)
 
     def update_step(mb):
         """One minibatch step on the rows `mb` of the rollout: loss, backward, clipping, Adam. No host sync, so that

@@ -112,10 +112,8 @@ def resolve_args(args: Args) -> dict[str, str]:
     total = args.num_envs * args.num_steps
     if args.num_minibatches is not None or (args.minibatch_size is None and not preset):
         nmb = DEFAULTS["num_minibatches"] if args.num_minibatches is None else args.num_minibatches
-        if nmb < 1 or total % nmb:
-            raise ValueError(f"--num-minibatches {nmb} does not divide the total batch {total} (num envs x num steps)")
         sources["minibatch_size"] = "default" if args.num_minibatches is None else "command line"
-        args.minibatch_size = str(total // nmb)
+        args.minibatch_size = str(gpu_utils.choose_batch_size(total, parts=nmb))
     else:  # an integer dividing the total, 'auto', or the preset's size (the largest divisor below it if that fails)
         target = int(preset["minibatch_size"]) if preset else total // DEFAULTS["num_minibatches"]
         requested = "auto" if args.minibatch_size is None else args.minibatch_size
@@ -341,8 +339,7 @@ if __name__ == "__main__":
     # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
     cpu_share = gpu_utils.CpuShare(threads, max_torch_threads=torch_threads)
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
-    share = f"{cpu_share.threads} ({cpu_share.why}): {torch.get_num_threads()} torch, {env_threads}"
-    run_utils.print_device(device, device_why, tf32, args.amp, share)
+    run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, env_threads)
     header = f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)"
     run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, sources, header)
 
@@ -371,9 +368,7 @@ if __name__ == "__main__":
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
-        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume)
-        gpu_utils.set_rng_state(ckpt["rng"][0], device)
-        print(f"resumed {args.resume} at step {global_step} (iteration {ckpt['iteration']}/{num_iterations})")
+        run_utils.resume_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume, device, num_iterations)
 
     @torch.no_grad()
     def policy_step(norm_obs, scaled_noise):  # the rollout's actions: the policy's means plus Gaussian noise

@@ -194,13 +194,14 @@ def end_evaluation(env: str, returns: np.ndarray, more: str = "") -> None:
     sys.exit(0)
 
 
-def print_device(device: torch.device, why: str, tf32: bool, amp: bool, threads: str) -> None:
-    """The start-up lines every run prints: its device and why, bf16's cost on this device, its CPU threads."""
+def print_device(device: torch.device, why: str, tf32: bool, amp: bool, share: gpu_utils.CpuShare, envs: str) -> None:
+    """The start-up lines every run prints: its device and why, bf16's cost on this device, its CPU threads and what
+    its envs step on (``envs``)."""
     print(f"device: {device} ({why}){', TF32 on' if tf32 else ''}")
     note = gpu_utils.bf16_note(device) if amp else ""
     if note:
         print(note)
-    print(f"threads: {threads}")
+    print(f"threads: {share.threads} ({share.why}): {torch.get_num_threads()} torch, {envs}")
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -283,6 +284,17 @@ def load_states(modules: dict, ckpt: dict, path: str) -> None:
         reason = str(exc).strip().splitlines()[0][:120]
         print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
         sys.exit(2)
+
+
+def resume_states(
+    modules: dict, ckpt: dict, path: str, device: torch.device, num_iterations: int, rank: int = 0, note: str = ""
+) -> None:
+    """``--resume``: load the checkpoint's states into ``modules`` (:func:`load_states`) and this process's random
+    state (each process of a torchrun job continues its own noise and shuffles), and say so once."""
+    load_states(modules, ckpt, path)
+    gpu_utils.set_rng_state(ckpt["rng"][rank], device)
+    if rank == 0:
+        print(f"resumed {path} at step {ckpt['global_step']} (iteration {ckpt['iteration']}/{num_iterations}){note}")
 
 
 def weights_finite(params) -> torch.Tensor:

@@ -26,7 +26,13 @@ HELPERS = ["layer_init", "validate", "load_checkpoint", "evaluate"]  # each scri
 LIFECYCLE = ["with run_utils.one_line_errors():", "run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)"]
 LIFECYCLE += ["run_utils.select_device(args", "run_utils.exit_if_done(ckpt, ", "run_utils.new_run_name("]
 LIFECYCLE += ["run_utils.seed(args.seed", "run_utils.print_device(device, device_why", "run_utils.print_config(args, "]
-LIFECYCLE += ["run = run_utils.Run(args, ", "run_utils.load_states(", "run.note_estimate(", "run.report_micro_batch("]
+LIFECYCLE += [
+    "run = run_utils.Run(args, ",
+    "run_utils.load_states(",
+    "run_utils.resume_states(",
+    "run.note_estimate(",
+    "run.report_micro_batch(",
+]
 LIFECYCLE += ["run_utils.weights_finite(params)", "run.log_window(", "run.checkpoint(", "run.save_model(", "run.close("]
 LIFECYCLE += ["run.exit(diverged, global_step)", "gpu_utils.CpuShare(threads", "gpu_utils.CudaGraph.requested("]
 LIFECYCLE += ["gpu_utils.compile_steps(", "gpu_utils.accumulate_gradients(", "gpu_utils.MicroBatch("]

@@ -146,6 +146,11 @@ def test_choose_batch_size():
     with pytest.raises(BatchSizeError) as err:
         choose_batch_size(16 * 16, 512)
     assert str(err.value).startswith("batch size 512 is larger than the total batch 256; valid sizes near it:")
+    # a count of minibatches (--num-minibatches) wins over the size, and must divide the batch
+    assert choose_batch_size(2048, 300, parts=8) == 256 and choose_batch_size(2048, parts=1) == 2048
+    for parts in (0, 3):
+        with pytest.raises(BatchSizeError, match=f"^{parts} minibatches do not divide the total batch 2048; valid "):
+            choose_batch_size(2048, parts=parts)
 
 
 def nature_convnet(num_actions: int) -> nn.Module:

@@ -233,7 +233,10 @@ BAD_INPUT_BASE = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "
         (["--target-kl", "-1"], "--target-kl must be positive"),  # would stop every update after one epoch
         (["--env-threads", "-3"], "--env-threads must be at least 0"),
         (["--minibatch-size", "7"], "valid sizes near it"),
-        (["--num-minibatches", "5"], "valid: 1, 2, 4, 8"),
+        (
+            ["--num-minibatches", "5"],
+            "--num-minibatches: 5 minibatches do not divide the total batch 32; valid counts: 1, 2, 4",
+        ),
         (["--gpu", "true"], "CUDA is not available"),
         (["--gpu", "3"], "asks for GPU 3"),
         (["--resume", "WRONG"], "holds no training state"),
@@ -452,7 +455,7 @@ def test_overlapped_rollout_keeps_the_games_and_the_learning(tmp_path):
         model = torch.load(Path(run_dir) / "ppo_atari.model", weights_only=True)["model"]
         result[flag] = (tags["charts/episodic_return"], tags["charts/episodic_length"], model, out.stdout)
     overlapped, sequential = result["--overlap-envs"], result["--no-overlap-envs"]
-    assert "stepped in two halves" in overlapped[3] and "stepped in one group" in sequential[3]
+    assert "envs in two halves" in overlapped[3] and "envs in one group" in sequential[3]
     assert len(overlapped[0]) > 4 and overlapped[:2] == sequential[:2]  # the same games, step for step
     for key, weight in sequential[2].items():
         torch.testing.assert_close(overlapped[2][key], weight, atol=1e-4, rtol=1e-3)

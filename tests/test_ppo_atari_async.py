@@ -261,7 +261,7 @@ def test_ale_async_env_every_env_stores_its_own_steps_in_order():
 def test_async_run_logs_learns_on_policy_and_resumes(tmp_path):
     out = run([*ASYNC, "--total-timesteps", "256", "--checkpoint-every", "1"], tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "stepped in one group; the policy acts on the first 2 to finish" in out.stdout
+    assert "4 envs in one group; the policy acts on the first 2 to finish" in out.stdout
     (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
     tags = scalars(run_dir)
     assert [s for s, _ in tags["charts/SPS"]] == [256]
