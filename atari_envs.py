@@ -16,8 +16,9 @@ import numpy as np
 
 def make_envs(args, num_envs: int, env_threads: int, batch_size: int = 0):
     """ale-py's C++ vector env stepped by threads: v5 semantics, raw rewards, game-over terminals, SameStep autoreset
-    (the last observation of a finished game is in info["final_obs"]). ``batch_size`` < num_envs: reset and recv
-    hand back the first batch_size envs to finish, named by info["env_id"] (0: every env, in order)."""
+    (the last observation of a finished game is in info["final_obs"]). ``args``: the run's settings, of which its
+    ``env_id`` and ``max_episode_frames``. ``batch_size`` < num_envs: reset and recv hand back the first batch_size
+    envs to finish, named by info["env_id"] (0: every env, in order)."""
     return ale_py.AtariVectorEnv(
         gym.spec(args.env_id).kwargs["game"],
         num_envs,
