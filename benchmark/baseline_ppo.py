@@ -27,13 +27,7 @@ from torch.distributions.normal import Normal
 from torch.utils.tensorboard import SummaryWriter
 
 try:
-    from stable_baselines3.common.atari_wrappers import (
-        ClipRewardEnv,
-        EpisodicLifeEnv,
-        FireResetEnv,
-        MaxAndSkipEnv,
-        NoopResetEnv,
-    )
+    from stable_baselines3.common import atari_wrappers
 except ModuleNotFoundError:
     sys.exit("error: the baseline needs stable-baselines3 (CleanRL's Atari wrappers): pip install -e '.[baseline]'")
 
@@ -87,12 +81,12 @@ def make_env(env_id, gamma):
             return gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         env = gym.make(env_id, frameskip=1, obs_type="grayscale")  # v5: sticky actions 0.25, minimal action set
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = NoopResetEnv(env, noop_max=30)
-        env = MaxAndSkipEnv(env, skip=4)
-        env = EpisodicLifeEnv(env)
+        env = atari_wrappers.NoopResetEnv(env, noop_max=30)
+        env = atari_wrappers.MaxAndSkipEnv(env, skip=4)
+        env = atari_wrappers.EpisodicLifeEnv(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
-            env = FireResetEnv(env)
-        env = ClipRewardEnv(env)
+            env = atari_wrappers.FireResetEnv(env)
+        env = atari_wrappers.ClipRewardEnv(env)
         env = gym.wrappers.TransformObservation(env, resize, gym.spaces.Box(0, 255, (84, 84), np.uint8))
         return gym.wrappers.FrameStackObservation(env, 4)
 
@@ -181,9 +175,7 @@ if __name__ == "__main__":
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     autoreset = gym.vector.AutoresetMode.SAME_STEP  # as gymnasium < 1.0, which CleanRL was written for
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, args.gamma) for _ in range(args.num_envs)], autoreset_mode=autoreset
-    )
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.gamma)] * args.num_envs, autoreset_mode=autoreset)
     agent = Agent(envs, atari).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
