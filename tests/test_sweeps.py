@@ -91,7 +91,7 @@ def mini_repo(dest):
     for name in sorted(name for name in os.listdir(ROOT) if name.endswith(".py")):
         os.symlink(os.path.join(ROOT, name), dest / name)
     (dest / "benchmark").mkdir()
-    for name in ("sweep.py", "dqn_snake.sh", "atari_lambdas.csv"):
+    for name in ("sweep.py", "sweep.sh", "dqn_snake.sh", "atari_lambdas.csv"):
         os.symlink(os.path.join(ROOT, "benchmark", name), dest / "benchmark" / name)
     return dest
 
