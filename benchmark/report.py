@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -462,8 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = sorted(d for d, run in loaded.items() if run is None)
     if skipped:
         body.append("Skipped (name not env__exp__seed__timestamp): " + ", ".join(skipped) + "\n")
-    with open(os.path.join(a.out, "report.md"), "w") as f:
-        f.write("\n".join(body))
+    Path(a.out, "report.md").write_text("\n".join(body))
     print(table + f"wrote {os.path.join(a.out, 'report.md')}")
     return 0
 

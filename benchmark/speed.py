@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -180,8 +181,7 @@ def finish(s: Setting, tmp: str, proc, scale: float, wall: float, cpu_s, stopped
     else:
         res.__dict__.update(read_metrics(os.path.join(tmp, "runs")))
         res.status = "ok" if res.sps is not None else "no charts/SPS logged (budget below two iterations?)"
-    with open(os.path.join(tmp, "log"), errors="replace") as f:
-        lines = [line.rstrip() for line in f if line.strip()]
+    lines = [line.rstrip() for line in Path(tmp, "log").read_text(errors="replace").splitlines() if line.strip()]
     res.tail = "" if res.ok else "\n".join(lines[-6:])
     res.warning = "; ".join(line.strip() for line in lines if "(CUDA graph capture failed" in line)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -382,8 +382,7 @@ def emit(text: str, a, stem: str) -> None:
         os.makedirs(a.out, exist_ok=True)
         host = re.sub(r"[^A-Za-z0-9._-]", "_", a.host)
         path = os.path.join(a.out, f"{stem}_{host}_{time.strftime('%Y-%m-%d', time.gmtime())}.md")
-        with open(path, "w") as f:
-            f.write(text)
+        Path(path).write_text(text)
         print(f"wrote {path}")
 
 

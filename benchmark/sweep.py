@@ -26,6 +26,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -390,8 +391,7 @@ def run_local(
         lines.append("stopped: the same command with --resume-existing continues the stopped runs and starts the rest")
     say("\n".join(f"[sweep] {line}" for line in lines))
     if summary:
-        with open(summary, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        Path(summary).write_text("\n".join(lines) + "\n")
     return 130 if stopper.stopping else 1 if counts["failed"] else 0
 
 
@@ -425,8 +425,7 @@ def submit(script: str, path: str, sbatch_args: Sequence[str], dry_run: bool) ->
     if shutil.which("sbatch") is None:
         raise SweepError("sbatch not found: --slurm submits to a SLURM cluster (or try dev/local_cluster.sh start)")
     os.makedirs(os.path.join(os.path.dirname(path), "slurm"), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(script)
+    Path(path).write_text(script)
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         why = "; ".join((res.stdout + res.stderr).strip().splitlines())
@@ -449,8 +448,7 @@ def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: ar
         say(f"[task {i}] {run.label}: {shlex.join(entry['args'])}")
     if not a.dry_run:
         os.makedirs(log_dir, exist_ok=True)
-        with open(spec_path, "w") as f:
-            json.dump({**spec, "runs": entries}, f, indent=1)
+        Path(spec_path).write_text(json.dumps({**spec, "runs": entries}, indent=1))
     script = sbatch_script(grid, len(runs), log_dir, a, task, note)
     submit(script, os.path.join(log_dir, f"{grid}.sbatch"), a.sbatch_args, a.dry_run)
     return 0
@@ -472,8 +470,7 @@ def run_task(spec_path: str, index: str) -> int:
     (no --gpu); the --resume-existing decision is taken now (RESUME_EXISTING=1 asks for it too)."""
     import gpu_utils
 
-    with open(spec_path) as f:
-        spec = json.load(f)
+    spec = json.loads(Path(spec_path).read_text())
     if not index.isdigit() or int(index) >= len(spec["runs"]):
         raise SweepError(f"task '{index}' is not one of 0-{len(spec['runs']) - 1}: submit the script with sbatch")
     entry = spec["runs"][int(index)]

@@ -23,6 +23,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -65,7 +66,7 @@ def script_fields(script: str) -> dict[str, Field]:
     path = os.path.join(sweep.REPO_ROOT, script)
     if not script.endswith(".py") or not os.path.isfile(path):
         raise SweepError(f"no training script {script} in {sweep.REPO_ROOT}; name one, e.g. ppo_continuous.py")
-    classes = [n for n in ast.parse(open(path).read()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
+    classes = [n for n in ast.parse(Path(path).read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
     fields = {}
     for node in [n for n in classes[0].body if isinstance(n, ast.AnnAssign)] if classes else []:
         try:
@@ -278,8 +279,7 @@ def recover_stale(study, stale_after: float) -> None:
         host, pid = t.user_attrs.get("tune:host"), t.user_attrs.get("tune:pid")
         beat = t.user_attrs.get("tune:heartbeat") or t.datetime_start.timestamp()
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                alive = b"tune.py" in f.read()
+            alive = b"tune.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             alive = not os.path.isdir("/proc/self")  # no /proc: taken for alive
         gone = host == socket.gethostname() and pid is not None and not alive
@@ -442,8 +442,7 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
                 say(f"no {name}.png: {exc}")
     about = f"`{config['script']}` with `{shlex.join(config['args'])}`, seeds {' '.join(config['seeds'])}; {counts}."
     text = [f"# Study {study.study_name}", "", about, f"Storage: `{storage}`.", "", *table, "", *figures]
-    with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write("\n".join(text) + "\n")
+    Path(out_dir, "report.md").write_text("\n".join(text) + "\n")
     say(f"report: {os.path.join(out_dir, 'report.md')}, {len(figures)} plots")
 
 
