@@ -325,15 +325,12 @@ def ceilings(a, device: str) -> list[tuple]:
 
 def machine_info() -> dict[str, str]:
     """The machine, in one place: every table this tool writes starts with it."""
-    cpu = platform.processor() or "unknown"
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    cpu = gpu_utils.device_label(torch.device("cpu")).removeprefix("CPU ")  # "<model>, N cores" this process may use
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {
         "host": socket.gethostname(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "CPU": f"{cpu}, {os.cpu_count()} logical cores, {gpu_utils.available_cpus()} allowed to this process",
+        "CPU": f"{cpu} allowed to this process, {os.cpu_count()} logical cores in all",
         "GPU": ", ".join(gpus) or "none",
         "torch": torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""),
         "python": platform.python_version(),
