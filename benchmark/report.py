@@ -22,15 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from sweep import Parser, SweepError, count, one_line_errors, parse_run_name  # one-line errors; run names
+
+import run_utils  # in the repository root, which importing sweep puts on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:  # run_utils.py lives in the repository root, next to the training scripts
-    sys.path.insert(0, ROOT)
-
-from sweep import Parser, SweepError, count, one_line_errors, parse_run_name  # noqa: E402  (one-line errors; run names)
-
-import run_utils  # noqa: E402
 
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
