@@ -10,6 +10,7 @@ to the engine, here or in a SLURM task, reaches every run, which writes its chec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 import itertools
@@ -51,14 +52,11 @@ SLURM_ONLY = ("partition", "time", "gpus_per_run", "mem", "max_parallel", "accou
 SLURM_VALUE_RE = re.compile(r"[A-Za-z0-9._:,+=@-]+")  # with fullmatch: "$" would let a last newline through
 SLURM_PATH_RE = re.compile(r"[A-Za-z0-9._/+=:@,-]+")
 SIGTERM_RC = 128 + signal.SIGTERM  # a process that SIGTERM killed, as a shell reports it
+say = functools.partial(print, flush=True)
 
 
 class SweepError(ValueError):
     """Bad input: one line that says what to change (printed as ``error: ...``, exit 2)."""
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 def check_words(words: Sequence[str], where: str = "") -> None:
@@ -490,14 +488,11 @@ def count(minimum: float, kind: type = int):
     """An argparse type: a number of ``kind`` (int or float) of at least ``minimum``."""
 
     def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not value >= minimum:  # NaN too
-            what = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum:g}, got '{text}'")
-        return value
+        with contextlib.suppress(ValueError):
+            if kind(text) >= minimum:  # not NaN
+                return kind(text)
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum:g}, got '{text}'")
 
     return parse
 
