@@ -149,10 +149,9 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
 
 def value_args(config: dict, values: dict) -> list[str]:
     """A trial's values as the script's flags (--no-anneal-lr for a false bool), then the study's fixed arguments."""
-    fields = script_fields(config["script"])
     words = []
     for name, value in values.items():
-        if fields[name.replace("-", "_")].kind == "bool":
+        if isinstance(value, bool):  # only a bool field's values are bools
             words.append(f"--{name}" if value else f"--no-{name}")
         else:
             words += [f"--{name}", repr(value) if isinstance(value, float) else str(value)]
@@ -178,8 +177,7 @@ class TrialRun:
 
     def read(self) -> None:
         """Its folder through report.load_run again when its event files grew (a resumed run has one per process)."""
-        found = sorted(glob.glob(os.path.join(RUNS_DIR, self.pattern)))
-        self.run_dir = self.run_dir or (found[-1] if found else None)
+        self.run_dir = self.run_dir or max(glob.glob(os.path.join(RUNS_DIR, self.pattern)), default=None)
         files = sorted(glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*"))) if self.run_dir else []
         if files and tuple(map(os.path.getsize, files)) != self.sizes:
             self.sizes, run = tuple(map(os.path.getsize, files)), report.load_run(self.run_dir)
@@ -497,10 +495,9 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     if not str(total).isdigit() or not 0 <= a.prune_warmup < 1:
         raise SweepError(f"give --total-timesteps after -- (not {total}) and a --prune-warmup in [0, 1)")
     config = {"script": a.script, "params": a.param, "envs": envs, "seeds": sweep.parse_seeds(a.seeds)}
-    config |= {"args": passthrough, "total_timesteps": int(total), "last_episodes": a.last_episodes}
-    config |= {"references": references, "reports": a.reports}
-    config |= {"pruner": a.pruner, "prune_warmup": a.prune_warmup, "prune_startup": a.prune_startup}
-    config |= {"sampler_seed": a.sampler_seed, "trials": a.trials}
+    config |= {"args": passthrough, "total_timesteps": int(total), "references": references}
+    kept = ("last_episodes", "reports", "pruner", "prune_warmup", "prune_startup", "sampler_seed", "trials")
+    config |= {key: getattr(a, key) for key in kept}
     return config, [parse_enqueue(text, space, fields, a.script) for text in a.enqueue]
 
 
