@@ -69,7 +69,6 @@ class Run:
     last_step: int = 0
     wall_time: float = 0.0  # the segments' summed, not the time between a stop and its resume
     last_event: float = 0.0
-    sps: float | None = None
     sps_by_device: dict[str, float] = field(default_factory=dict)  # median per device, in the order they ran
     segments: list[Segment] = field(default_factory=list)
     stats: dict[str, np.ndarray] = field(default_factory=dict)  # STAT_TAGS tag -> (n, 2) array of (step, value)
@@ -169,9 +168,7 @@ def load_run(path: str) -> Run | None:
     run.steps = np.array([r[0] for r in returns], dtype=np.float64)
     run.returns = np.array([r[1] for r in returns], dtype=np.float64)
     run.stats = {tag: np.array(sorted(values), dtype=np.float64) for tag, values in stats.items()}
-    if sps:
-        run.sps = float(np.median([v for values in sps.values() for v in values]))
-        run.sps_by_device = {device: float(np.median(values)) for device, values in sps.items()}
+    run.sps_by_device = {device: float(np.median(values)) for device, values in sps.items()}
     run.last_step = max((seg.last_step for seg in run.segments), default=0)
     run.wall_time = sum(seg.wall_time for seg in run.segments)
     read_checkpoint(run)
@@ -257,12 +254,10 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def device_cells(runs: list[Run]) -> tuple[str, str]:
     """The SPS and device cells: one figure and name, or one per device ("4,059 / 370"), means of the runs' medians."""
-    devices = list(dict.fromkeys(seg.device for r in runs for seg in r.segments if seg.last_step >= seg.start_step))
-    if len(devices) <= 1:
-        sps = [r.sps for r in runs if r.sps is not None]
-        return fmt_num(float(np.mean(sps)) if sps else None, 0), devices[0] if devices else DASH
+    devices = list(dict.fromkeys(seg.device for r in runs for seg in r.segments))
     by_device = [[r.sps_by_device[d] for r in runs if d in r.sps_by_device] for d in devices]
-    return " / ".join(fmt_num(float(np.mean(v)) if v else None, 0) for v in by_device), " / ".join(devices)
+    sps = " / ".join(fmt_num(float(np.mean(v)) if v else None, 0) for v in by_device)
+    return sps or DASH, " / ".join(devices) or DASH
 
 
 def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, now: float, recent: float):
