@@ -233,7 +233,7 @@ def load_references(path: str) -> dict[str, list[Reference]]:
     return {env: sorted(rs, key=lambda r: not r.same_env(env)) for env, rs in refs.items()}
 
 
-def fmt_num(x: float | None, digits: int = 1) -> str:
+def fmt(x: float | None, digits: int = 0) -> str:  # a number with thousands separators, "-" for none (speed.py too)
     return DASH if x is None or not math.isfinite(x) else f"{x:,.{digits}f}"
 
 
@@ -256,7 +256,7 @@ def device_cells(runs: list[Run]) -> tuple[str, str]:
     """The SPS and device cells: one figure and name, or one per device ("4,059 / 370"), means of the runs' medians."""
     devices = list(dict.fromkeys(seg.device for r in runs for seg in r.segments))
     by_device = [[r.sps_by_device[d] for r in runs if d in r.sps_by_device] for d in devices]
-    sps = " / ".join(fmt_num(float(np.mean(v)) if v else None, 0) for v in by_device)
+    sps = " / ".join(fmt(float(np.mean(v)) if v else None) for v in by_device)
     return sps or DASH, " / ".join(devices) or DASH
 
 
@@ -267,9 +267,9 @@ def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, 
     rows = []
     for (exp, env), group in sorted(groups.items()):
         finals = [f for f in (r.final_return(last_n) for r in group) if f is not None]
-        ret = fmt_num(float(np.mean(finals))) if finals else DASH
+        ret = fmt(float(np.mean(finals)), 1) if finals else DASH
         if len(finals) > 1:
-            ret += f" ± {fmt_num(float(np.std(finals, ddof=1)))}"
+            ret += f" ± {fmt(float(np.std(finals, ddof=1)), 1)}"
         if len(finals) < len(group):
             ret += f" ({len(finals)}/{len(group)} runs with episodes)"
         lo, hi = min(r.last_step for r in group), max(r.last_step for r in group)
@@ -288,8 +288,8 @@ def run_table(runs: list[Run], last_n: int, now: float, recent: float) -> list[s
     rows = []
     for r in runs:
         last = r.returns[-last_n:]  # ± its standard error: how far one seed's mean may sit from its expectation
-        se = f" ± {fmt_num(float(np.std(last, ddof=1) / np.sqrt(len(last))))}" if len(last) > 1 else ""
-        ret = fmt_num(r.final_return(last_n)) + se
+        se = f" ± {fmt(float(np.std(last, ddof=1) / np.sqrt(len(last))), 1)}" if len(last) > 1 else ""
+        ret = fmt(r.final_return(last_n), 1) + se
         sps, device = device_cells([r])
         rows.append([r.name, r.episodes, ret, f"{r.last_step:,}", fmt_time(r.wall_time), sps, device])
         rows[-1].append(r.status(now, recent, long=True))
@@ -300,7 +300,7 @@ def run_table(runs: list[Run], last_n: int, now: float, recent: float) -> list[s
 def segments_section(runs: list[Run]) -> list[str]:
     """One row per process of each run continued with --resume, in the order they ran."""
     rows = [
-        [r.name, i, s.device, f"{s.start_step:,}–{s.last_step:,}", fmt_time(s.wall_time), fmt_num(s.sps, 0)]
+        [r.name, i, s.device, f"{s.start_step:,}–{s.last_step:,}", fmt_time(s.wall_time), fmt(s.sps)]
         + [s.episodes, f"{s.lost_steps:,}" if s.lost_steps else DASH]
         for r in runs
         if len(r.segments) > 1
@@ -342,7 +342,7 @@ def stats_section(runs: list[Run]) -> list[str]:
         columns += [band_means(r.stats[tag], edges) for tag in tags]
         rows = []
         for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
-            cells = [fmt_num(columns[0][i])] + [DASH if c[i] is None else f"{c[i]:.3g}" for c in columns[1:]]
+            cells = [fmt(columns[0][i], 1)] + [DASH if c[i] is None else f"{c[i]:.3g}" for c in columns[1:]]
             rows.append([f"{fmt_steps(lo)}-{fmt_steps(hi)}", *cells])
         lines += ["", f"{r.name}:", "", *md_table(["steps", "return", *(STAT_TAGS[tag] for tag in tags)], rows)]
     intro = (

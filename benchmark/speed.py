@@ -40,7 +40,7 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [p for p in (HERE, ROOT) if p not in sys.path]
 import report  # noqa: E402  (the one reader of event files)
 import sweep  # noqa: E402  (the one launcher of runs)
-from report import DASH, md_table  # noqa: E402
+from report import DASH, fmt, md_table  # noqa: E402
 from sweep import Parser, count  # noqa: E402  (one-line errors, as the sweep's)
 from sweep import SweepError as UsageError  # noqa: E402
 
@@ -336,10 +336,6 @@ def machine_info() -> dict[str, str]:
         "python": platform.python_version(),
         "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
-
-
-def fmt(x: float | None, digits: int = 0) -> str:
-    return DASH if x is None else f"{x:,.{digits}f}"
 
 
 def results_table(results: list[Result], base: float | None = None) -> list[str]:
