@@ -114,8 +114,7 @@ def read_event_file(file: str) -> tuple[Scalars, dict[str, str]]:
     """One event file's scalars and texts (tag -> text): the one reader of TensorBoard files (speed.py's, tune.py's)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(file, size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
+    acc = EventAccumulator(file, size_guidance={"scalars": 0, "tensors": 0}).Reload()  # every event (0: no limit)
     tags = acc.Tags()
     scalars = {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]}
     texts = {}

@@ -414,12 +414,12 @@ def sbatch_script(name: str, tasks: int, log_dir: str, a: argparse.Namespace, co
     return "\n".join(lines) + "\n"
 
 
-def submit(script: str, path: str, sbatch_args: Sequence[str], dry_run: bool) -> str | None:
-    """Write the sbatch script to ``path`` and submit it (the dry run prints it); the job id, or None."""
+def submit(script: str, path: str, sbatch_args: Sequence[str], dry_run: bool) -> None:
+    """Write the sbatch script to ``path`` and submit it, saying the job id (the dry run prints it)."""
     cmd = ["sbatch", "--parsable", *sbatch_args, path]
     if dry_run:
         say(f"[dry run] would write {path} and run: {shlex.join(cmd)}\n{script}[dry run] nothing was submitted")
-        return None
+        return
     if shutil.which("sbatch") is None:
         raise SweepError("sbatch not found: --slurm submits to a SLURM cluster (or try dev/local_cluster.sh start)")
     os.makedirs(os.path.join(os.path.dirname(path), "slurm"), exist_ok=True)
@@ -430,7 +430,6 @@ def submit(script: str, path: str, sbatch_args: Sequence[str], dry_run: bool) ->
         raise SweepError(f"sbatch failed (rc={res.returncode}): {why}; fix it and run again (script: {path})")
     job = res.stdout.strip().splitlines()[-1].split(";")[0]
     say(f"[sweep] submitted job array {job}; watch: squeue -j {job}; stop: scancel {job}")
-    return job
 
 
 def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: argparse.Namespace, log_dir: str) -> int:
