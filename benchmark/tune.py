@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import functools
 import glob
 import math
 import os
@@ -48,10 +49,7 @@ SET_BY_TUNER |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script its
 NOT_TUNABLE = {*SET_BY_TUNER, "gpu", "cuda_offset", "eval_episodes", "track", "wandb_project_name", "wandb_entity"}
 NOT_TUNABLE |= {"capture_video", "progress_bar", "checkpoint_every", "total_timesteps"}
 HEARTBEAT_S = 60.0  # how often a tuner stamps its running trials (user attribute tune:heartbeat)
-
-
-def say(text: str) -> None:
-    print(f"[tune] {text}", flush=True)
+say = functools.partial(print, "[tune]", flush=True)
 
 
 class Field(NamedTuple):  # a field of the script's Args
