@@ -1,5 +1,5 @@
-"""Helpers shared by the test files: a simulated out-of-memory GPU, the micro-batch gradient check, and waiting for a
-condition.
+"""Helpers shared by the test files: a simulated out-of-memory GPU, the micro-batch gradient check, waiting for a
+condition, and reading a run's logged scalars.
 
 An out-of-memory GPU on any machine: `python -c INJECT <layer> <limit> <script> args...` runs the script as
 __main__ with torch.nn.<layer>.forward raising torch.cuda.OutOfMemoryError on more than <limit> rows while gradients
@@ -63,6 +63,17 @@ def wait_for(predicate, timeout, what):
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def scalars(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """Every point of every scalar tag logged in ``path`` (a run folder, all its event files, or one event file), as
+    (step, value) pairs in the order written, by tag. No sampling: TensorBoard's default keeps at most 10,000 points a
+    tag. A fresh read each call, so it also reads a run that is still writing (the points flushed so far)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(event.step, event.value) for event in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def run_in_process(script, args, cwd) -> subprocess.CompletedProcess:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.gpu
@@ -23,19 +24,11 @@ def run(script, args, cwd):
     return out.stdout
 
 
-def scalars(cwd):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    (run_dir,) = (Path(cwd) / "runs").iterdir()
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
 def scalar_tags(cwd):
-    tags = scalars(cwd)
+    (run_dir,) = (Path(cwd) / "runs").iterdir()
+    tags = scalars(run_dir)
     # the allocator estimate against the allocator's peak (the CUDA context is in neither): within 2x
-    estimate, peak = tags["memory/estimated_mib"][-1], tags["memory/peak_allocated_mib"][-1]
+    estimate, peak = tags["memory/estimated_mib"][-1][1], tags["memory/peak_allocated_mib"][-1][1]
     assert estimate / 2 <= peak <= 2 * estimate, f"peak {peak:.1f} MiB vs estimate {estimate:.1f} MiB"
     return set(tags)
 

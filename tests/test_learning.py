@@ -16,20 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def curves_of(cwd) -> dict[str, np.ndarray]:
     """Every scalar the run in ``cwd`` has logged so far, as (step, value) rows by tag (empty before its folder)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     run_dirs = list((Path(cwd) / "runs").glob("*"))
     if not run_dirs:
         return {}
-    acc = EventAccumulator(str(run_dirs[0]), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: np.array([(e.step, e.value) for e in acc.Scalars(tag)]) for tag in acc.Tags()["scalars"]}
+    return {tag: np.array(points) for tag, points in scalars(run_dirs[0]).items()}
 
 
 def train(script, args, cwd, tag, reached):

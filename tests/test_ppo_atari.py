@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process
+from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
@@ -35,14 +35,6 @@ def env_vars():
 def run(args, cwd, timeout=180, script=SCRIPT, prefix=()):
     cmd = [sys.executable, *prefix, *([script] if script else []), *args]
     return subprocess.run(cmd, cwd=cwd, env=env_vars(), capture_output=True, text=True, timeout=timeout)
-
-
-def scalars(run_dir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def device_text(event_file):

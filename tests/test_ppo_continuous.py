@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process
+from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")
@@ -190,14 +190,10 @@ def test_pendulum_run_logs_and_saves(pendulum_run):
     assert "device: cpu (--gpu false)" in res.stdout and "memory estimate" in res.stdout
     assert re.search(r"num_steps\s+64\s+\(command line\)", res.stdout)
     assert re.search(r"network_arch\s+64,64\s+\(default\)", res.stdout) and "): 1 torch," in res.stdout
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir(tmp_path)))
-    acc.Reload()
-    keys = set(acc.Tags()["scalars"])
-    assert {"charts/episodic_return", "charts/SPS", "charts/learning_rate", "losses/value_loss"} <= keys
-    assert acc.Scalars("threads/torch")[-1].value == 1  # the small MLP's one torch thread, as the config line says
-    assert acc.Scalars("charts/SPS")[-1].step == 256
+    logged = scalars(run_dir(tmp_path))
+    assert {"charts/episodic_return", "charts/SPS", "charts/learning_rate", "losses/value_loss"} <= set(logged)
+    assert logged["threads/torch"][-1][1] == 1  # the small MLP's one torch thread, as the config line says
+    assert logged["charts/SPS"][-1][0] == 256
     for name in ("checkpoint.pt", "ppo_continuous.model"):  # each file names the script that wrote it
         assert torch.load(run_dir(tmp_path) / name, weights_only=True)["script"] == "ppo_continuous"
     # the learning rate is a device tensor in the run (annealed in place); the checkpoint keeps a float, as ever
@@ -411,21 +407,13 @@ def test_compute_gae_matches_hand_computation():
     torch.testing.assert_close(ret, expected + values)
 
 
-def scalar(tmp_path, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir(tmp_path)))
-    acc.Reload()
-    return [e.value for e in acc.Scalars(tag)]
-
-
 def test_amp_keeps_the_first_minibatch_ratio_at_one(tmp_path):
     """The rollout and the loss compute the action means the same way (bf16 hidden layers, fp32 output layer), so
     before the first step of an update the ratio is 1 up to rounding. With the loss alone under autocast it was
     1 +- 2e-5 to 1e-3 here (growing as the policy sharpens)."""
     res = run(tmp_path, "--env-id", "Hopper-v5", "--num-steps", 256, "--total-timesteps", 768, "--amp", *TINY[:1])
     assert res.returncode == 0, res.stderr
-    errors = scalar(tmp_path, "losses/initial_ratio_error")
+    errors = [value for _, value in scalars(run_dir(tmp_path))["losses/initial_ratio_error"]]
     assert len(errors) == 3 and max(errors) < 1e-6
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
+from helpers import scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -61,14 +62,10 @@ def test_without_the_extra_the_run_says_what_to_install(monkeypatch, tmp_path):
 def test_inverted_pendulum_learns_on_mjx_worlds(tmp_path):
     """The loop that learns on gymnasium's envs learns on the worlds: the mean of 20 consecutive episodes reaches
     900 within 65,536 steps (see WORLDS for the figures this setting gave)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     res = run(tmp_path, *WORLDS, "--total-timesteps", 65536)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    steps, returns = np.array([(e.step, e.value) for e in acc.Scalars("charts/episodic_return")]).T
+    steps, returns = np.array(scalars(run_dir)["charts/episodic_return"]).T
     assert (np.diff(steps) >= 0).all() and steps[-1] <= 65536  # logged at the step each episode ended
     rolling = np.convolve(returns, np.ones(20) / 20, mode="valid")
     assert rolling.max() >= 900, f"best 20-episode mean {rolling.max():.1f}"
