@@ -90,8 +90,9 @@ def validate(args: Args, device: torch.device | None = None) -> None:
             f"--total-timesteps must be at least --num-envs ({n})": args.total_timesteps >= n,
             f"--n-step must be at least 1, got {args.n_step}": args.n_step >= 1,
             "--gamma and --tau must be in (0, 1]": 0 < args.gamma <= 1 and 0 < args.tau <= 1,
+            f"--batch-size must be at least 1, got {args.batch_size}": args.batch_size >= 1,
             f"--buffer-size ({buffer_size}) must hold at least --batch-size and --num-envs": (
-                args.batch_size >= 1 and buffer_size >= max(args.batch_size, n)
+                buffer_size >= max(args.batch_size, n)
             ),
             "--updates-per-step must be at least 0": args.updates_per_step >= 0,
             "--target-network-frequency must be at least 1": args.target_network_frequency >= 1,

@@ -413,7 +413,9 @@ def choose_batch_size(
     if parts is not None:
         if parts < 1 or total % parts:
             valid = ", ".join(map(str, divisors_of_total[:12]))
-            raise BatchSizeError(f"{parts} minibatches do not divide the total batch {total}; valid counts: {valid}")
+            raise BatchSizeError(
+                f"{parts} minibatches cannot split the total batch {total} evenly; valid counts: {valid}"
+            )
         return total // parts
     if isinstance(requested, str):
         text = requested.strip().lower()

@@ -559,6 +559,7 @@ def test_bad_input_is_one_line_error(tmp_path):
         (dict(tau=0.0), "--tau"),
         (dict(n_step=0), "--n-step"),
         (dict(buffer_size=16), "--buffer-size"),
+        (dict(batch_size=0), "--batch-size must be at least 1, got 0"),
         (dict(gamma=1.5), "--gamma"),
         (dict(learning_rate=-1e-3), "--learning-rate must be at least 0"),
         (dict(max_grad_norm=-1.0), "--max-grad-norm must be positive"),

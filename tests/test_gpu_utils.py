@@ -149,7 +149,9 @@ def test_choose_batch_size():
     # a count of minibatches (--num-minibatches) wins over the size, and must divide the batch
     assert choose_batch_size(2048, 300, parts=8) == 256 and choose_batch_size(2048, parts=1) == 2048
     for parts in (0, 3):
-        with pytest.raises(BatchSizeError, match=f"^{parts} minibatches do not divide the total batch 2048; valid "):
+        with pytest.raises(
+            BatchSizeError, match=f"^{parts} minibatches cannot split the total batch 2048 evenly; valid "
+        ):
             choose_batch_size(2048, parts=parts)
 
 

@@ -120,7 +120,10 @@ def test_discrete_env_gives_one_line_error(tmp_path):
         (["--vf-coef", "-0.5"], "--ent-coef and --vf-coef must be at least 0"),
         (["--max-grad-norm", "0"], "--max-grad-norm must be positive"),
         (["--target-kl", "0"], "--target-kl must be positive"),
-        (["--num-minibatches", "3"], "3 minibatches do not divide the total batch 2048; valid counts: 1, 2, 4, 8"),
+        (
+            ["--num-minibatches", "3"],
+            "3 minibatches cannot split the total batch 2048 evenly; valid counts: 1, 2, 4, 8",
+        ),
         (["--minibatch-size", "64", "--num-minibatches", "32"], "not both"),
         (["--num-envs", "0"], "at least 1"),
     ],
