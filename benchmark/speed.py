@@ -236,8 +236,8 @@ def env_rate(envs, actions, seconds: float) -> float:
 
 
 def atari_row(seconds: float, n: int, batch_size: int = 0) -> tuple:
-    """ppo_atari.make_envs' Breakout on every allowed CPU; ``batch_size`` B: --async-envs B's envs (each step acts
-    on the first B to finish)."""
+    """atari_envs.make_envs' Breakout (ppo_atari.py's envs) on every allowed CPU; ``batch_size`` B: --async-envs B's
+    envs (each step acts on the first B to finish)."""
     threads = gpu_utils.available_cpus()
 
     def rate() -> float:

@@ -4,8 +4,8 @@ the script runs it.
     python dev/profile_atari.py                                     # the device ppo_atari.py would pick
     python dev/profile_atari.py --gpu true --out benchmark/results  # any of ppo_atari.py's flags sets the run
 
-Each phase is ppo_atari.py's own code: make_envs, Rollout, AsyncRollout, Agent and ppo_loss, and the policy and
-update steps of its main block, compiled here from the script's source (they are not importable).
+Each phase is ppo_atari.py's own code: its make_envs (atari_envs'), Rollout, AsyncRollout, Agent and ppo_loss, and
+the policy and update steps of its main block, compiled here from the script's source (they are not importable).
 
   env      AtariVectorEnv.step alone, random actions (the raw ceiling)
   policy   the observations to the device, the policy step, the actions back to the host
