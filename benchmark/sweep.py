@@ -488,8 +488,9 @@ def count(minimum: float, kind: type = int):
 
     def parse(text: str):
         with contextlib.suppress(ValueError):
-            if kind(text) >= minimum:  # not NaN
-                return kind(text)
+            value = kind(text)
+            if value >= minimum:  # not NaN
+                return value
         what = "an integer" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum:g}, got '{text}'")
 
