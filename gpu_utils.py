@@ -1,9 +1,6 @@
-"""Small GPU helpers shared by the training scripts.
-
-Device choice (``auto``/``true``/``false``/index) and rotation of runs across GPUs, TF32, the device's random state
-for checkpoints, CPU thread budgets, batch-size choice, memory estimates, out-of-memory-safe micro-batching and a
-sampling GPU monitor, a CUDA graph wrapper for a whole training step, and the memory free on a device.
-Importing this module has no side effects. ``python gpu_utils.py`` prints what this machine offers.
+"""The machine, for every training script: device choice and rotation, TF32, RNG state, CPU threads and shares,
+batch sizes, memory estimates, out-of-memory back-off, CUDA graphs and GPU monitoring (docs/devices-threads-memory.md).
+Importing it has no side effects; ``python gpu_utils.py`` prints what this machine offers.
 """
 
 from __future__ import annotations
@@ -52,16 +49,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None = None) -> tuple[torch.device, str]:
-    """Turn the text a user typed for ``--gpu`` into a ``torch.device`` and the reason for it (one line).
+    """``--gpu`` (auto, true, false, N or cuda:N) as a ``torch.device`` and the reason, in one line.
 
-    ``auto``: a GPU when there is one, else the CPU. ``true``: a GPU or a ``DeviceError``. ``false``: the CPU.
-    ``N`` or ``cuda:N``: exactly GPU N, or a ``DeviceError`` naming how many GPUs exist. With ``auto``/``true``
-    the index is ``rotate(session + LOCAL_RANK, cuda_offset, count)``; ``cuda_offset`` defaults to the
-    ``CUDA_OFFSET`` environment variable (0 when unset). Inside a SLURM job that was given GPUs, the job's
-    ``CUDA_VISIBLE_DEVICES`` are its own: session and offset are ignored and process ``LOCAL_RANK`` takes visible
-    GPU ``LOCAL_RANK``. Under torchrun, more processes per node than GPUs (or one fixed GPU for several processes)
-    would put two processes on one GPU, which NCCL refuses: that is a ``DeviceError`` here, before any process
-    group starts.
+    auto and true rotate: GPU ``rotate(session + LOCAL_RANK, cuda_offset or $CUDA_OFFSET, count)``, except inside a
+    SLURM job given GPUs, where process LOCAL_RANK takes visible GPU LOCAL_RANK. A request this machine cannot meet,
+    or two torchrun processes on one GPU (which NCCL refuses), is a ``DeviceError``.
     """
     if session < 0 or (cuda_offset is not None and cuda_offset < 0):  # on the CPU too: a sweep's typo shows at once
         raise DeviceError(
@@ -118,10 +110,8 @@ def device_label(device: torch.device) -> str:
 
 
 def bf16_note(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
-    """Why ``--amp`` (bf16 autocast) will be slow on this device, or "" when there is no reason to think so. A CPU
-    without bf16 instructions (x86's ``avx512_bf16`` or ``amx_bf16`` flags) emulates bf16 arithmetic, far slower than
-    fp32: ppo_atari.py made 27 SPS with --amp against 221 without on a 2-core AMD EPYC with AVX2 only. GPUs, and CPUs
-    whose flags cannot be read (not Linux, or not x86), get ""."""
+    """Why ``--amp`` will be slow here, or "": a CPU without bf16 instructions (x86's ``avx512_bf16`` or ``amx_bf16``)
+    emulates bf16, far slower than fp32. GPUs, and CPUs whose flags cannot be read, get ""."""
     if device.type != "cpu" or not os.path.exists(cpuinfo):
         return ""
     with open(cpuinfo) as f:
@@ -132,12 +122,8 @@ def bf16_note(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
 
 
 def enable_tf32(enabled: bool = True, deterministic: bool = False) -> bool:
-    """Allow TF32 matmul and cuDNN on GPUs of compute capability 8 or more; return whether TF32 is now on.
-
-    Also sets ``torch.set_float32_matmul_precision("high")`` when TF32 is on, and cuDNN's benchmark mode (the
-    fastest convolution algorithm per shape, chosen by timing) only when CUDA is present and ``deterministic`` is
-    False: benchmark mode may pick a non-deterministic algorithm, which ``--torch-deterministic`` forbids.
-    """
+    """Allow TF32 matmuls and convolutions on GPUs of compute capability 8 or more; return whether TF32 is on.
+    cuDNN's benchmark mode is on with CUDA unless ``deterministic``: it may pick a non-deterministic algorithm."""
     has_cuda = torch.cuda.is_available()
     torch.backends.cudnn.benchmark = bool(has_cuda and not deterministic)
     torch.backends.cudnn.deterministic = bool(deterministic)
@@ -175,12 +161,6 @@ def available_cpus() -> int:
     return len(allowed_cpus())
 
 
-def _leading_int(text: str) -> int:
-    """The positive integer a thread variable starts with ("4" or "4,2" give 4), else 0."""
-    head = text.strip().split(",")[0].strip()
-    return int(head) if head.isdigit() else 0
-
-
 @dataclass(frozen=True)
 class ThreadBudget:
     """How many CPU threads one run may use, and what decided it."""
@@ -190,18 +170,16 @@ class ThreadBudget:
 
 
 def thread_budget(requested: int = 0) -> ThreadBudget:
-    """The CPU threads one run should use: ``requested`` when given (``--num-threads``), else the CPUs it may run on
-    (``os.sched_getaffinity``, which ``taskset`` and most schedulers set), capped by ``SLURM_CPUS_PER_TASK`` and
-    ``OMP_NUM_THREADS`` when those are set. Never 0. Two runs that each take every core of the machine starve each
-    other (spinning OpenMP workers); a sweep that gives each run its own cores and variables avoids that.
-    """
+    """The CPU threads one run should use: ``requested`` (``--num-threads``) when given, else the CPUs it may run on
+    (its affinity, which ``taskset`` and schedulers set), capped by ``SLURM_CPUS_PER_TASK`` and ``OMP_NUM_THREADS``."""
     if requested < 0:
         raise ValueError(f"--num-threads must be 0 (automatic) or positive, got {requested}")
     if requested:
         return ThreadBudget(requested, "--num-threads")
     threads, why = available_cpus(), "CPU affinity"
     for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
-        value = _leading_int(os.environ.get(var, ""))
+        head = os.environ.get(var, "").split(",")[0].strip()  # OMP_NUM_THREADS=4,2: 4 at the outer level
+        value = int(head) if head.isdigit() else 0
         if 0 < value < threads:
             threads, why = value, var
     return ThreadBudget(max(1, threads), why)
@@ -236,19 +214,11 @@ def _pin(cpus: Sequence[int]) -> None:
 class CpuShare:
     """This run's share of the CPUs among the runs live on the machine, for runs started by hand.
 
-    Each run holds a lock file (``fcntl.flock``) in a per-user runtime directory while it lives, so a killed run
-    frees its place without cleanup. ``update()``, called once per iteration, at most once every ``interval`` seconds
-    lists the live runs (a lock file that can be locked is a dead run's and is removed), orders them by start, and
-    gives this run its part of ``split_cpus(its CPUs, live runs)``: torch threads (at most ``max_torch_threads``)
-    and CPU affinity. A run alone keeps every core. The constructor registers the run and takes its share at once,
-    so a run started beside live ones sizes its env threads to its share and does not spend its first iteration on
-    every core (two short ``ppo_atari.py`` runs started together on a 2-core VM: 25-26 s until both had finished
-    when each began on every core, 17-18 s when the second began on its share).
-
-    Inert (``update()`` always False) when the budget is explicit: ``--num-threads``, ``OMP_NUM_THREADS``,
-    ``SLURM_CPUS_PER_TASK`` or an affinity narrower than the machine (a sweep's ``taskset``), or without ``fcntl``;
-    and, saying so in one line, when the directory is unusable or not private to this user (another user could
-    crash, hang or starve the runs through it). Only regular files of this user's are opened there.
+    Each run holds a lock file (``fcntl.flock``) in a private per-user directory while it lives, so a killed run
+    frees its place without cleanup. The constructor, then ``update()`` at most once every ``interval`` seconds,
+    counts the live runs in order of start and takes this run's part of ``split_cpus``: torch threads (at most
+    ``max_torch_threads``) and CPU affinity. Inert when the budget is explicit (``--num-threads``, the thread
+    variables, a narrower affinity), without ``fcntl``, or, saying so, when the directory is not private to this user.
     """
 
     def __init__(
@@ -375,11 +345,8 @@ def open_own_file(path: str | Path, flags: int) -> int | None:
 
 
 def limit_threads(num_threads: int = 1) -> None:
-    """Cap OpenMP/MKL/BLAS threads (inherited by subprocesses) and torch's own threads to ``num_threads``.
-
-    Torch's inter-op pool gets one thread: the scripts run one op at a time. Call it at start, before environment
-    workers: N workers each spawning one thread per core is a thread storm.
-    """
+    """Cap OpenMP/MKL/BLAS threads (inherited by env workers: call it before making them) and torch's threads to
+    ``num_threads``; torch's inter-op pool gets one thread, as the scripts run one op at a time."""
     if num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
@@ -400,13 +367,8 @@ def divisors(n: int) -> list[int]:
 def choose_batch_size(
     total: int, requested: int | str = "auto", target: int | None = None, parts: int | None = None
 ) -> int:
-    """Return a minibatch size that divides ``total``.
-
-    ``requested="auto"`` picks the largest divisor of ``total`` not above ``target`` (``target`` defaults to
-    ``total``). An explicit size that does not divide ``total`` raises ``BatchSizeError`` listing valid sizes.
-    ``parts`` (CleanRL's ``--num-minibatches``), when given, wins: ``total / parts``, or a ``BatchSizeError`` listing
-    valid counts when it does not divide ``total``.
-    """
+    """A minibatch size that divides ``total``: ``total / parts`` (``--num-minibatches``) when given, else
+    ``requested``, where "auto" is the largest divisor not above ``target``. A ``BatchSizeError`` lists valid ones."""
     if total < 1:
         raise BatchSizeError(f"the total batch must be at least 1, got {total}")
     divisors_of_total = divisors(total)
@@ -449,23 +411,16 @@ CUDA_CONTEXT_BYTES = 500 * 2**20
 """Typical memory the CUDA context and kernels take on a GPU outside PyTorch's allocator."""
 
 CUBLAS_WORKSPACE_BYTES = 64 * 2**20
-"""cuBLAS and cuBLASLt workspaces of one CUDA stream, which PyTorch takes from its own allocator, so
-max_memory_allocated counts them: runs on an H100 (torch 2.11) peaked 54 to 83 MiB above an estimate that left them
-out, whatever the model's size. A run with CUDA graphs holds three: the default stream's, the warm-up stream's and
-the one captured into the graph's own memory."""
+"""cuBLAS and cuBLASLt workspaces of one CUDA stream, taken from PyTorch's allocator. A run with CUDA graphs holds
+three: the default stream's, the warm-up stream's and the graph's own."""
 
 _OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd_momentum": 1, "sgd": 0}
 
 
 @dataclass
 class MemoryEstimate:
-    """Estimated device memory of a training run, in bytes.
-
-    ``total`` is what PyTorch's caching allocator will hold at its peak, the figure to compare with
-    ``torch.cuda.max_memory_allocated()``; on a GPU it includes the cuBLAS workspaces (``workspace``), which come
-    from that allocator. ``cuda_context`` (the CUDA context and kernels) lies outside it; ``nvidia-smi`` shows
-    ``total + cuda_context`` and more (cached, unused blocks).
-    """
+    """Estimated device memory of a training run, in bytes. ``total`` is what PyTorch's allocator will hold at its
+    peak (compare ``torch.cuda.max_memory_allocated()``); the CUDA context and kernels lie outside it."""
 
     weights: int
     gradients: int
@@ -502,9 +457,8 @@ class MemoryEstimate:
 
 
 def free_memory(device: torch.device, meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes a new allocation on ``device`` can take now, or None where it cannot be read. A GPU: CUDA's free memory.
-    The CPU (Linux): ``MemAvailable``, lowered to what this process's cgroup (v2) limit leaves, if that is less. A
-    buffer larger than this fails at start on a GPU, and on the CPU gets the process killed once its pages fill."""
+    """Bytes a new allocation on ``device`` can take now, or None where it cannot be read: CUDA's free memory, or on
+    the CPU ``MemAvailable`` lowered to what this process's cgroup (v2) limit leaves."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
@@ -561,14 +515,9 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Estimate the device memory a run needs: weights, gradients, optimizer state, data, activations, context.
 
-    ``optimizer`` is one of adam, adamw, rmsprop, sgd_momentum, sgd (its state holds 2, 2, 1, 1, 0 copies of the
-    trainable weights). When ``activation_bytes`` is None and ``example_input`` is given, activations are measured
-    from one no-grad forward pass (leaf-module output sizes) scaled to ``batch_size`` rows; autograd keeps about
-    that much for backward. The cuBLAS workspaces (three streams' with ``cudagraphs``, one without) and the CUDA
-    context are counted only when the model's weights are on a GPU; the context is not part of ``total``. cuDNN's
-    autotuning (``torch.backends.cudnn.benchmark``, on without ``--torch-deterministic``) is not: at a convolution
-    shape's first call it tries algorithms in workspaces as large as free memory allows, and skips those that do
-    not fit (the Nature CNN at 256 rows peaked at 360 MiB against 163 estimated on an H200).
+    Without ``activation_bytes``, activations are the leaf modules' outputs over one no-grad forward of
+    ``example_input``, scaled to ``batch_size`` rows. The cuBLAS workspaces and the CUDA context count only when the
+    weights are on a GPU; cuDNN's autotuning workspaces (taken from free memory, at each new shape) do not.
     """
     key = optimizer.lower()
     if key not in _OPTIMIZER_STATES:
@@ -609,16 +558,13 @@ def accumulate_gradients(
     micro: MicroBatch,
     parameters: Sequence[nn.Parameter],
 ) -> Stats:
-    """Backpropagate a minibatch (``batch``: tensors with one row per sample) in micro-batches of at most
-    ``micro.rows`` rows.
+    """Backpropagate a minibatch (tensors with one row per sample) in micro-batches of at most ``micro.rows`` rows;
+    return the row-weighted statistics.
 
-    ``loss_fn(*rows)`` gets the same rows of every tensor and returns (the mean loss over those rows, statistics that
-    are means over them: a tensor or a dict of tensors). Each loss and its statistics are weighted by the
-    micro-batch's share of the rows, so the accumulated gradients equal one backward over the whole minibatch for any
-    loss that is a mean over rows (normalise over the whole minibatch, e.g. PPO's advantages, before calling). The
-    gradients of ``parameters`` are cleared first. On ``torch.cuda.OutOfMemoryError`` they are cleared again, the
-    micro-batch halves (noted in ``micro``) and the minibatch starts over, down to one row. Returns the row-weighted
-    statistics.
+    ``loss_fn(*rows)`` returns (the mean loss over those rows, statistics that are means over them). Weighting each
+    by its share of the rows makes the gradients equal one backward over the whole minibatch (so normalise over the
+    whole minibatch first). On CUDA out-of-memory the micro-batch halves (noted in ``micro``) and the minibatch
+    starts over with cleared gradients, down to one row.
     """
     rows = len(batch[0])
     size = max(1, min(micro.rows, rows))
@@ -657,8 +603,8 @@ def _weighted_sum(total: Stats | None, stats: Stats, weight: float) -> Stats:
 
 
 def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> None:
-    """``nn.utils.clip_grad_norm_``'s arithmetic in three foreach ops, without its Python overhead, which is large
-    next to a small MLP's update: the same norm (of all gradients together), coefficient and in-place scaling."""
+    """``nn.utils.clip_grad_norm_``'s arithmetic in three foreach ops, without its Python overhead (large next to a
+    small MLP's update)."""
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
 
@@ -673,10 +619,9 @@ def learning_rate_tensor(learning_rate: float, device: torch.device) -> torch.Te
 def compile_steps(
     act: Callable, loss: Callable, compile: bool, cudagraphs: bool, captured: str = "", verbose: bool = True
 ) -> tuple[Callable, Callable]:
-    """``--compile`` and ``--cudagraphs``: torch.compile the action step and the loss, the algorithm's hot edges, in
-    mode reduce-overhead (CUDA graphs of their own) with --cudagraphs, else default. What a captured CudaGraph step
-    already holds (``captured``: "loss", or "both" when it acts too) compiles in mode default inside it. An action
-    step with graphs of its own marks each call a new step: its outputs of the last call are no longer read."""
+    """``--compile`` and ``--cudagraphs``: torch.compile the action step and the loss, in mode reduce-overhead with
+    --cudagraphs, else default; what a captured CudaGraph step already holds (``captured``: "loss" or "both")
+    compiles in mode default inside it."""
     if not (compile or cudagraphs):
         return act, loss
     mode = "reduce-overhead" if cudagraphs else "default"
@@ -712,26 +657,15 @@ Tensors = torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]  # w
 class CudaGraph:
     """Run ``fn`` as one CUDA graph: LeanRL's whole-update capture (tensordict's ``CudaGraphModule``) in a few lines.
 
-    The first ``warmup`` calls run ``fn`` eagerly on a side stream; they are real calls (an optimizer step taken there
-    counts) and let cuBLAS, the caching allocator and the optimizer's state settle. The next call copies its tensor
-    arguments into static inputs, captures ``fn`` on them once and replays the graph; every later call copies its
-    arguments into the same static inputs and replays. So ``fn`` must take tensors of fixed shapes, make no host sync
-    (``.item()``, ``.cpu()``, data-dependent shapes, Python branches on tensor values) and return a tensor, a tuple or
-    a dict of tensors: static outputs that the next call overwrites (clone what you keep). An optimizer inside ``fn``
-    needs ``capturable=True`` (a learning rate to anneal must be a tensor updated in place) and ``fn`` should start with
-    ``optimizer.zero_grad(set_to_none=True)``, so that backward writes the gradients into the graph's own memory.
-    Random numbers from the default CUDA generator advance on every replay; other generators are not tracked. Every
-    graph warms up on one side stream, ``CudaGraph.warmup_stream``: cuBLAS keeps a workspace for each stream it runs
-    on, never freed, and a new stream per warm-up call took one more each time.
-
-    With ``enabled=False`` (the CPU, or a step a graph cannot hold) every call runs ``fn`` eagerly, so both paths run
-    the same code. A capture that fails (a host sync or an op that CUDA cannot capture, found only on the GPU) prints
-    ``<name>: eager (CUDA graph capture failed: <error>)`` once and turns the graph off: that call and every later
-    one run ``fn`` eagerly, so the run goes on, slower, instead of ending. Capture only records kernels, so the
-    failed attempt changed no tensor.
+    The first ``warmup`` calls run ``fn`` eagerly (and for real) on one shared side stream, so cuBLAS, the allocator
+    and the optimizer's state settle; the next captures it on static copies of its arguments, and every call from
+    then on copies its arguments in and replays. So ``fn`` takes tensors of fixed shapes, makes no host sync and
+    returns tensors that the next call overwrites (clone what you keep); an optimizer inside needs
+    ``capturable=True`` and ``zero_grad(set_to_none=True)`` first. Disabled, or after a failed capture (said once),
+    every call runs ``fn`` eagerly: the run goes on, slower.
     """
 
-    warmup_stream: torch.cuda.Stream | None = None  # made at the first warm-up, as torch.cuda.graph's capture stream
+    warmup_stream: torch.cuda.Stream | None = None  # one for all: cuBLAS keeps a workspace per stream, never freed
 
     def __init__(
         self,
@@ -808,13 +742,9 @@ class CudaGraph:
 
 
 class GPUMonitor:
-    """Sample GPU utilization and memory at ``1/interval`` Hz in a background thread (NVML via nvidia-ml-py).
-
-    PPO alternates bursts of rollout and update, which one-second snapshots miss. ``collect()`` returns the mean
-    and peak since the previous call. On CPU, or without NVML, it starts no thread and ``collect()`` returns ``{}``.
-    The NVML device is found by UUID, so it is right whatever ``CUDA_VISIBLE_DEVICES`` holds (indices, UUIDs or MIG
-    ids); where NVML cannot sample (a MIG instance, say) it says so once and logs nothing.
-    """
+    """Sample GPU utilization and memory at ``1/interval`` Hz in a background thread (NVML via nvidia-ml-py), for
+    ``collect()``'s mean and peak since its last call: PPO's bursts of rollout and update escape one-second snapshots.
+    Nothing is sampled on the CPU, without NVML, or (said once) where NVML cannot sample the device."""
 
     def __init__(self, device: torch.device | str, interval: float = 0.1) -> None:
         self.device = torch.device(device)

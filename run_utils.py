@@ -1,9 +1,6 @@
-"""The run's lifecycle, written once for every training script: the flags of how and where a run runs
-(``RunArgs``), argument checks and one-line errors, checkpoints (reading, refusing another script's, resuming,
-marking), the run folder's lock, stop signals, TensorBoard and W&B, the config print, progress, and the end of a run.
-
-Each script keeps its algorithm (environment, network, rollout, advantages, loss, update) and calls this module in
-a few visible lines for what every run does the same way. Importing it has no side effects.
+"""The run's lifecycle, written once for every training script: the flags of how and where a run runs, one-line
+errors, checkpoints, the run folder's lock, stop signals, TensorBoard and W&B, the config print, progress and the
+end of a run. Each script keeps its algorithm and calls this in a few visible lines. Importing it has no side effects.
 """
 
 from __future__ import annotations
@@ -47,9 +44,8 @@ class RunInUse(ValueError):
 # ---------------------------------------------------------------- arguments
 @dataclasses.dataclass
 class RunArgs:
-    """How and where a run runs, the same flags in every script: a script's ``Args`` subclasses this and adds what
-    the run is (its name, seed, env and algorithm). ``--resume`` takes these from the command line (``RUN_FLAGS``) and
-    every other setting from the checkpoint."""
+    """How and where a run runs, the same flags in every script: ``--resume`` takes these from the command line and
+    the rest of a script's ``Args`` (what the run is) from the checkpoint."""
 
     gpu: str = "auto"
     """auto (a GPU when there is one, unless the script finds the CPU faster for this run and says so at start), true
@@ -100,8 +96,7 @@ RUN_FLAGS = {f.name for f in dataclasses.fields(RunArgs)}
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Turn a ValueError or FileNotFoundError raised inside into one ``error: ...`` line on stderr and exit status
-    2: bad input never ends in a traceback."""
+    """A ValueError or FileNotFoundError raised inside ends the process with one ``error: ...`` line, status 2."""
     try:
         yield
     except (ValueError, FileNotFoundError) as exc:
@@ -117,8 +112,7 @@ def check(conditions: dict[str, bool]) -> None:
 
 
 def shared_checks(args) -> dict[str, bool]:
-    """The one-line error of each setting that several scripts share, for the fields ``args`` has: the run's own,
-    then PPO's (once its minibatch size is known)."""
+    """The one-line error of each setting that several scripts share, for the fields ``args`` has (PPO's too)."""
     fields = vars(args)
     every = args.checkpoint_every
     checks = {
@@ -206,9 +200,8 @@ def print_device(device: torch.device, why: str, tf32: bool, amp: bool, share: g
 
 # ---------------------------------------------------------------- checkpoints
 def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
-    """The dict a training script saved at ``path``, read as data only (``torch.load(weights_only=True)``: tensors,
-    numbers, strings, lists and dicts; a pickle that would run code is refused). Every reader of checkpoints in the
-    repository goes through here. Raises ``FileNotFoundError`` or ``CheckpointError`` with a one-line message."""
+    """The dict a training script saved at ``path``, read as data only (``weights_only``: a pickle that would run code
+    is refused); every reader of checkpoints goes through here. Errors are one line."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
@@ -270,9 +263,8 @@ def save_checkpoint(path: str | os.PathLike, **state) -> None:
 
 def load_states(modules: dict, ckpt: dict, path: str) -> None:
     """Load a checkpoint's states into ``modules`` (key -> module, optimizer or env), or exit with one line when
-    they do not fit. An optimizer keeps this run's learning rate (a tensor the run anneals in place) and its
-    ``capturable`` and implementation flags: they follow the run, not the checkpoint, so a CPU checkpoint resumed
-    with --cudagraphs captures its update, and a GPU one resumed on the CPU steps a plain Adam."""
+    they do not fit. An optimizer keeps this run's learning rate tensor and its implementation flags (``capturable``,
+    ``fused``...): they follow the device, so a CPU checkpoint can resume with --cudagraphs and back."""
     try:
         for key, module in modules.items():
             own = [dict(group) for group in getattr(module, "param_groups", [])]
@@ -317,10 +309,8 @@ def mark_diverged(path: str) -> str:
 
 # ---------------------------------------------------------------- the run folder's lock
 def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
-    """Hold ``<run_dir>/.lock`` locked while this process lives, so that no second process writes into a live run's
-    folder (a sweep asks ``run_is_live``). Returns the descriptor (keep it open), or None where locks do not work (no
-    ``fcntl``, or a lock file that is not this user's regular file). Raises ``RunInUse`` when another process holds
-    it."""
+    """Hold ``<run_dir>/.lock`` while this process lives, so no second process writes into a live run's folder.
+    Returns the descriptor to keep open, or None where locks do not work; ``RunInUse`` when another process holds it."""
     try:
         import fcntl
     except ImportError:
@@ -343,8 +333,7 @@ def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
 
 
 def run_is_live(run_dir: str | os.PathLike) -> bool:
-    """True while a process holds ``<run_dir>/.lock`` (``lock_run_dir``): the run is training now. A killed run's
-    lock is released by the OS, so a crashed run is never taken for a live one."""
+    """True while a process holds ``<run_dir>/.lock``: the run is training now (the OS frees a killed run's lock)."""
     try:
         import fcntl
     except ImportError:
@@ -365,13 +354,10 @@ def run_is_live(run_dir: str | os.PathLike) -> bool:
 
 # ---------------------------------------------------------------- the run
 class Run:
-    """One training run's lifecycle. Every process of a torchrun job makes one; only the main process writes.
-
-    At start: the stop signals (SIGINT and SIGTERM finish the current iteration, then checkpoint), the run folder
-    ``runs/<name>`` and its lock, W&B with --track (resuming the checkpoint's W&B run), TensorBoard with the
-    hyperparameters and the machine, a progress bar, the GPU monitor and this run's CPU share. Then, per iteration or
-    log window, ``log_window``; ``checkpoint`` and ``save_model``; and at the end ``close`` and ``exit``.
-    """
+    """One training run's lifecycle; every process of a torchrun job makes one, and only the main process writes.
+    At start: the stop signals (SIGINT and SIGTERM finish the iteration, then checkpoint), ``runs/<name>`` and its
+    lock, W&B with --track, TensorBoard, a progress bar and the GPU monitor. Then ``log_window`` per log window,
+    ``checkpoint``, ``save_model``, and at the end ``close`` and ``exit``."""
 
     def __init__(
         self,
@@ -456,10 +442,8 @@ class Run:
         scalars: dict,
         text: str | None = None,
     ) -> None:
-        """The end of a log window (a PPO iteration, a Snake log window) of ``steps`` env steps in ``seconds``: takes
-        this run's share of the CPUs, logs ``scalars`` with the GPU's use, the torch threads and charts/SPS (the first
-        window after a start or resume is warm-up: compiling, caches) and shows progress: ``text``, or the mean of the
-        last 20 episodic returns."""
+        """The end of a log window of ``steps`` env steps in ``seconds``: take this run's CPU share, log ``scalars``,
+        the GPU's use, the torch threads and charts/SPS (not for the first window: warm-up), and show progress."""
         if self.cpu_share.update() and self.is_main:  # another run started or ended: this run's share changed
             print(f"threads: {self.cpu_share.threads} ({self.cpu_share.why})")
         self.windows.append((steps, seconds))
@@ -492,9 +476,8 @@ class Run:
         micro.backoffs.clear()
 
     def checkpoint(self, state: dict, finished: bool, stopping: bool = False) -> None:
-        """Write runs/<name>/checkpoint.pt atomically (main process only): ``state`` (model, optimizer, iteration,
-        global_step, rng, ...) with the run's args, name, script and W&B id. Its status: finished once the total is
-        reached, however the run got there; else stopped on a signal; else running."""
+        """Write runs/<name>/checkpoint.pt atomically (main process only): ``state`` with the run's args, name, script,
+        W&B id and status (finished once the total is reached; else stopped on a signal; else running)."""
         if not self.is_main:
             return
         status = "finished" if finished else "stopped" if stopping else "running"
