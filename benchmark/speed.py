@@ -134,9 +134,8 @@ def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=Non
         unset = ["--unset=OMP_NUM_THREADS", "--unset=MKL_NUM_THREADS"] if by_hand else []
         variables = [f"{k}={v}" for k, v in {"WANDB_MODE": "disabled", **s.env}.items()]
         argv = [os.path.join(ROOT, s.args[0]), *s.argv(scale)[1:]]
-        with open(os.path.join(tmp, "log"), "w") as log:
-            command = ["env", *unset, f"--chdir={tmp}", *variables, sys.executable, *argv]
-            runs.append((s, tmp, sweep.start_run(command, pinned or budget, pinned is not None, log)))
+        command = ["env", *unset, f"--chdir={tmp}", *variables, sys.executable, *argv]
+        runs.append((s, tmp, sweep.start_run(command, pinned or budget, pinned is not None, os.path.join(tmp, "log"))))
     walls, timed_out = [], set()
     try:
         for _, _, proc in runs:  # a wall time is when its wait ended: for runs at once, an upper bound
@@ -181,7 +180,7 @@ def finish(s: Setting, tmp: str, proc, scale: float, wall: float, cpu_s, stopped
     else:
         res.__dict__.update(read_metrics(os.path.join(tmp, "runs")))
         res.status = "ok" if res.sps is not None else "no charts/SPS logged (budget below two iterations?)"
-    lines = [line.rstrip() for line in Path(tmp, "log").read_text(errors="replace").splitlines() if line.strip()]
+    lines = [line.rstrip() for line in Path(tmp, "log").read_text(errors="replace").splitlines()[1:] if line.strip()]
     res.tail = "" if res.ok else "\n".join(lines[-6:])
     res.warning = "; ".join(line.strip() for line in lines if "(CUDA graph capture failed" in line)
     shutil.rmtree(tmp, ignore_errors=True)

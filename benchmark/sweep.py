@@ -1,11 +1,6 @@
-"""The sweep engine behind benchmark/ppo_atari.sh, ppo_continuous.sh and dqn_snake.sh (docs/sweeps.md): a grid of
-runs of one training script, run here in slots (--jobs-per-gpu per GPU, --jobs on the CPU, each slot with its own
-CPUs and threads), or as a SLURM job array whose task i runs `sweep.py task SPEC i`. A run's folder is
-runs/<env>__<exp_name>__<seed>__<unix time>, where --resume-existing looks (:func:`decide_resume`). SIGTERM or SIGINT
-to the engine, here or in a SLURM task, reaches every run, which writes its checkpoint and exits.
-
-    python benchmark/sweep.py ppo_atari --games "Breakout Pong" --seeds "1 2" --dry-run -- --total-timesteps 2000000
-"""
+"""The sweep engine behind benchmark/ppo_atari.sh, ppo_continuous.sh and dqn_snake.sh (docs/sweeps.md): a grid of runs
+of one training script, run here in slots (each with its GPU, CPUs and threads) or as a SLURM job array whose task i
+runs `sweep.py task SPEC i`. A signal to the engine reaches every run, which writes its checkpoint and exits."""
 
 from __future__ import annotations
 
@@ -31,10 +26,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # gpu_utils.py and run_utils.py live in the repo root, next to the training scripts
+if REPO_ROOT not in sys.path:  # gpu_utils.py and run_utils.py (they load torch, 2 s: imported where needed)
     sys.path.insert(0, REPO_ROOT)
-# gpu_utils and run_utils load torch (2 s): imported where they are needed, so that a SLURM task, a submission and
-# an error start fast
 
 ATARI_GAMES = "Breakout Pong Qbert MsPacman Seaquest SpaceInvaders BeamRider Enduro"
 MUJOCO_ENVS = "HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 InvertedPendulum-v5"
@@ -267,11 +260,11 @@ def slot_prefix(cpus: Sequence[int], pin: bool) -> list[str]:
     return threads + ["taskset", "-c", cpu_ranges(cpus)] if pin else threads
 
 
-def start_run(command: Sequence[str], cpus: Sequence[int], pin: bool, log) -> subprocess.Popen:
+def start_run(command: list[str], cpus: Sequence[int], pin: bool, log_path: str) -> subprocess.Popen:
     """Start one run from the repo root on ``cpus`` (as many OMP and MKL threads, pinned with taskset when ``pin``),
-    its output to the open file ``log``, in its own session (a Ctrl-C reaches the engine, which passes one SIGTERM
-    on). On Linux it gets SIGTERM when the thread that started it ends, even by SIGKILL, and so writes its
-    checkpoint. Raises OSError when the command cannot start."""
+    its output appended to ``log_path`` after a line with the time and the whole command, in its own session (a
+    Ctrl-C reaches the engine, which passes one SIGTERM on). On Linux it gets SIGTERM when the thread that started it
+    ends, even by SIGKILL, and so writes its checkpoint. Raises OSError when the command cannot start."""
     env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "MKL_NUM_THREADS": str(len(cpus))}
     parent = os.getpid()
 
@@ -283,19 +276,13 @@ def start_run(command: Sequence[str], cpus: Sequence[int], pin: bool, log) -> su
             os.kill(os.getpid(), signal.SIGTERM)
 
     death_signal = term_with_parent if sys.platform.startswith("linux") else None
-    words = slot_prefix(cpus, pin)[2:] + list(command)
-    files = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
-    return subprocess.Popen(words, cwd=REPO_ROOT, env=env, **files, start_new_session=True, preexec_fn=death_signal)
-
-
-def start_logged(command: list[str], cpus: Sequence[int], pin: bool, log_path: str) -> subprocess.Popen:
-    """start_run, its output appended to ``log_path`` after a line with the time and the whole command."""
+    prefix = slot_prefix(cpus, pin)  # thread variables (set in env), then taskset when pinned
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "a") as log:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        log.write(f"# {when}: {shlex.join(slot_prefix(cpus, pin) + command)}\n")
+        log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {shlex.join(prefix + command)}\n")
         log.flush()
-        return start_run(command, cpus, pin, log)
+        how = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "start_new_session": True}
+        return subprocess.Popen(prefix[2:] + command, cwd=REPO_ROOT, env=env, preexec_fn=death_signal, **how)
 
 
 class Stopper:
@@ -310,18 +297,12 @@ class Stopper:
     def stop(self, *_: object) -> None:
         self.stopping = True
         for proc in self.procs:
-            term(proc)
+            proc.terminate()  # SIGTERM unless it ended: it writes its checkpoint and exits
 
     def started(self, proc: subprocess.Popen) -> None:
         self.procs.append(proc)
         if self.stopping:  # the signal came while it started
-            term(proc)
-
-
-def term(proc: subprocess.Popen) -> None:
-    """SIGTERM to a run that still runs: it writes its checkpoint and exits."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+            proc.terminate()
 
 
 def outcome(rc: int, stopping: bool, resumed: str | None) -> tuple[str, str]:
@@ -374,7 +355,7 @@ def run_local(
                 i = slot.run = queue.pop(0)
                 say(f"[sweep] start [run {i}] {slot.device} cpus {cpu_ranges(slot.cpus)}: {runs[i].label}")
                 try:
-                    slot.proc = start_logged(slot.command(commands[i]), slot.cpus, pin, logs[i])
+                    slot.proc = start_run(slot.command(commands[i]), slot.cpus, pin, logs[i])
                     stopper.started(slot.proc)
                 except OSError as exc:  # the interpreter (PYTHON) or taskset cannot start
                     results[i] = ("failed", f"cannot start: {exc}")

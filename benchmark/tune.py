@@ -354,7 +354,7 @@ class Worker:
         for r, cpus in zip(runs, gpu_utils.split_cpus(slot.cpus, len(runs))):
             if not r.outcome and not self.stopper.stopping:  # on the slot's GPU, and CPUs of its own
                 command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
-                r.proc = sweep.start_logged(command, cpus, self.pin, r.log)
+                r.proc = sweep.start_run(command, cpus, self.pin, r.log)
                 self.stopper.started(r.proc)
         end, reported, beat = "", set(), time.time()
         while any(r.proc is not None and not r.outcome for r in runs):
@@ -374,7 +374,7 @@ class Worker:
                     say(f"trial {trial.number} is pruned at step {step:,}: {value:.4g} (its runs get SIGTERM)")
                     break
             for r in [r for r in runs if end and r.proc is not None and not r.outcome]:
-                sweep.term(r.proc)  # they write their checkpoints and free the slot
+                r.proc.terminate()  # SIGTERM: they write their checkpoints and free the slot
             if time.time() - beat > HEARTBEAT_S:
                 beat = time.time()
                 trial.set_user_attr("tune:heartbeat", beat)

@@ -592,7 +592,7 @@ def test_a_killed_engines_runs_get_sigterm(tmp_path):
     )
     parent = (
         f"import sys, time\nsys.path.insert(0, {os.path.join(ROOT, 'benchmark')!r})\nimport sweep\n"
-        f"sweep.start_run([sys.executable, '-c', {child!r}], [0], False, None)\ntime.sleep(60)"
+        f"sweep.start_run([sys.executable, '-c', {child!r}], [0], False, {str(tmp_path / 'log')!r})\ntime.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", parent])
     try:
