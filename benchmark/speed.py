@@ -1,20 +1,17 @@
-"""How fast the scripts run, measured one way, with the machine and the command named on every table.
+"""How fast the scripts run, measured one way, with the machine and the command named on every table
+(docs/performance.md#the-tools; dev/speed_dev.py has the developers' tables).
 
     python benchmark/speed.py run ppo_atari.py --steps 6144 -- --env-id ALE/Pong-v5   # one setting, one SPS
     python benchmark/speed.py compare atari --repeats 2   # ours against the CleanRL-style baseline (or continuous)
     python benchmark/speed.py table                       # this machine's throughput table -> benchmark/results/
     python benchmark/speed.py table --profile gpu         # the one-GPU table (~8 min)
     python benchmark/speed.py ceiling --mujoco-envs 64 --mjx-envs 4096   # the environments alone
-
-A training run gets a step budget in a temporary folder and SIGTERM past --timeout; its SPS is the median of its
-``charts/SPS``. A run that fails shows as such with the end of its output, never as a number. A ceiling steps the
-envs alone with random actions for --seconds: the mean rate, resets included; its wall time less --seconds is the
-envs' build and first steps (MJX: a compilation, or a load from JAX's cache). dev/speed_dev.py: the developers'.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import re
@@ -125,7 +122,8 @@ def read_metrics(folder: str) -> dict[str, float | None]:
 def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=None, by_hand=False) -> list[Result]:
     """Start every setting at once, each in a temporary folder of its own, through sweep.start_run: with this tool's
     thread budget, or pinned to its CPUs in ``cpus``, or (``by_hand``) without thread variables as a user starts it.
-    Past ``timeout`` seconds a run gets SIGTERM (the scripts stop cleanly), 30 s later its group SIGKILL."""
+    Past ``timeout`` seconds a run gets SIGTERM (the scripts stop cleanly), 30 s later its group SIGKILL. Each result
+    comes from the run's exit code, event files and output; its folder is removed."""
     runs, start = [], time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     budget = gpu_utils.allowed_cpus()[: gpu_utils.thread_budget().threads]
@@ -135,29 +133,40 @@ def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=Non
         variables = [f"{k}={v}" for k, v in {"WANDB_MODE": "disabled", **s.env}.items()]
         argv = [os.path.join(ROOT, s.args[0]), *s.argv(scale)[1:]]
         command = ["env", *unset, f"--chdir={tmp}", *variables, sys.executable, *argv]
-        runs.append((s, tmp, sweep.start_run(command, pinned or budget, pinned is not None, os.path.join(tmp, "log"))))
-    walls, timed_out = [], set()
+        proc = sweep.start_run(command, pinned or budget, pinned is not None, os.path.join(tmp, "log"))
+        runs.append((Result(s.shown(scale), steps=s.steps(scale)), tmp, proc))
     try:
-        for _, _, proc in runs:  # a wall time is when its wait ended: for runs at once, an upper bound
+        for res, _, proc in runs:  # a wall time is when its wait ended: for runs at once, an upper bound
             try:
                 proc.wait(max(0.0, start + timeout - time.perf_counter()))
             except subprocess.TimeoutExpired:
-                timed_out.add(proc.pid)
+                res.status = f"timed out after {timeout:.0f} s"
                 stop(proc)
-            walls.append(time.perf_counter() - start)
+            res.wall = time.perf_counter() - start
     except BaseException:  # Ctrl-C reaches only this tool: the runs have sessions of their own
         for _, _, proc in runs:
             stop(proc, wait=False)
         raise
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime if len(runs) == 1 else None
-    stopped = [timeout if proc.pid in timed_out else None for _, _, proc in runs]
-    return [finish(s, tmp, proc, scale, wall, cpu_s, late) for (s, tmp, proc), wall, late in zip(runs, walls, stopped)]
+    for res, tmp, proc in runs:
+        res.cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime if len(runs) == 1 else None
+        rc = proc.returncode
+        if res.status == "ok" and rc:
+            res.status = f"failed (exit {rc})" if rc > 0 else f"killed by {signal.Signals(-rc).name}"
+        elif res.status == "ok":
+            res.__dict__.update(read_metrics(os.path.join(tmp, "runs")))
+            res.status = "ok" if res.sps is not None else "no charts/SPS logged (budget below two iterations?)"
+        log = Path(tmp, "log").read_text(errors="replace").splitlines()[1:]  # below the command line
+        lines = [line.rstrip() for line in log if line.strip()]
+        res.tail = "" if res.ok else "\n".join(lines[-6:])
+        res.warning = "; ".join(line.strip() for line in lines if "(CUDA graph capture failed" in line)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [res for res, _, _ in runs]
 
 
 def stop(proc: subprocess.Popen, wait: bool = True) -> None:
     """SIGTERM to the run's process group, SIGKILL 30 s later if it still runs."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
         if wait:
             try:
@@ -165,26 +174,6 @@ def stop(proc: subprocess.Popen, wait: bool = True) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    except ProcessLookupError:
-        pass
-
-
-def finish(s: Setting, tmp: str, proc, scale: float, wall: float, cpu_s, stopped_after: float | None) -> Result:
-    """The run's result from its exit code, event files and output; its folder is removed."""
-    res = Result(s.shown(scale), steps=s.steps(scale), wall=wall, cpu_s=cpu_s)
-    if stopped_after is not None:
-        res.status = f"timed out after {stopped_after:.0f} s"
-    elif proc.returncode:
-        rc = proc.returncode
-        res.status = f"failed (exit {rc})" if rc > 0 else f"killed by {signal.Signals(-rc).name}"
-    else:
-        res.__dict__.update(read_metrics(os.path.join(tmp, "runs")))
-        res.status = "ok" if res.sps is not None else "no charts/SPS logged (budget below two iterations?)"
-    lines = [line.rstrip() for line in Path(tmp, "log").read_text(errors="replace").splitlines()[1:] if line.strip()]
-    res.tail = "" if res.ok else "\n".join(lines[-6:])
-    res.warning = "; ".join(line.strip() for line in lines if "(CUDA graph capture failed" in line)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return res
 
 
 def measure(settings: list[Setting], a, repeats: int = 1, budget_minutes: float = 0) -> list[Result]:
@@ -417,23 +406,18 @@ def selected(what: str, only: list[str] | None) -> bool:
     return not only or any(o in what for o in only)
 
 
-def cmd_run(a, passthrough: list[str]) -> int:
-    """`run`: one script for a.steps steps."""
-    script = a.script if os.path.exists(a.script) else os.path.join(ROOT, a.script)
-    if not os.path.isfile(script):
-        raise UsageError(f"script '{a.script}' not found (give a path, or one of {', '.join(OURS)})")
-    a.scale, info = 1.0, machine_info()
-    (res,) = measure([Setting([os.path.relpath(script, ROOT), *passthrough], 1, a.steps)], a)
-    emit(document("Speed of one run", info, a.note, [*results_table([res]), *failures([res])]), a, "run")
-    return 0 if res.ok else 1
-
-
-def cmd_table(a, _passthrough) -> int:
+def run_mode(a, passthrough: list[str]) -> int:
     """`table`: the environments alone and the profile's training runs; `ceiling`: the former only; `compare`: the
-    latter, --repeats rounds interleaved, with each rate as a ratio to the best baseline's."""
+    latter, --repeats rounds interleaved, with each rate as a ratio to the best baseline's; `run`: one script."""
     cuda = torch.cuda.is_available()
-    rows = [] if a.mode == "compare" else [c for c in ceilings(a, "cuda" if cuda else "cpu") if selected(c[0], a.only)]
-    settings = [] if a.mode == "ceiling" else profile(a.profile, cuda)
+    rows = ceilings(a, "cuda" if cuda else "cpu") if a.mode in ("table", "ceiling") else []
+    settings = profile(a.profile, cuda) if a.mode in ("table", "compare") else []
+    if a.mode == "run":
+        script = a.script if os.path.exists(a.script) else os.path.join(ROOT, a.script)
+        if not os.path.isfile(script):
+            raise UsageError(f"script '{a.script}' not found (give a path, or one of {', '.join(OURS)})")
+        settings = [Setting([os.path.relpath(script, ROOT), *passthrough], 1, a.steps)]
+    rows = [row for row in rows if selected(row[0], a.only)]
     settings = [s for s in settings if selected(s.shown(a.scale), a.only)]
     if a.dry_run:
         print("\n".join([f"{what}: {a.seconds:g} s" for what, _, _ in rows] + [s.shown(a.scale) for s in settings]))
@@ -449,9 +433,10 @@ def cmd_table(a, _passthrough) -> int:
         *results_table(results, max(bases, default=None)),
         *failures(results),
     ]
-    title = {"ceiling": "Environment ceilings", "compare": f"Speed against the baseline: {a.profile}"}
-    stem = {"ceiling": "ceiling", "compare": f"compare_{a.profile}"}.get(a.mode, f"throughput_{a.profile}")
-    emit(document(title.get(a.mode, "Throughput"), info, a.note, body), a, stem)
+    titles = {"table": "Throughput", "ceiling": "Environment ceilings", "run": "Speed of one run"}
+    title = titles.get(a.mode, f"Speed against the baseline: {a.profile}")
+    stem = {"table": f"throughput_{a.profile}", "compare": f"compare_{a.profile}"}.get(a.mode, a.mode)
+    emit(document(title, info, a.note, body), a, stem)
     return 0 if all(r.ok or r.status.startswith("skipped") for r in results) else 1
 
 
@@ -479,10 +464,9 @@ def parser() -> Parser:
         sp.add_argument("--mjx-envs", type=count(1), nargs="*", help="MJX worlds (default: 4096 gpu, none cpu)")
         sp.add_argument("--mjx-env-id", default="HalfCheetah-v5", help="the MJX task (docs/mjx.md)")
         sp.add_argument("--mjx-impl", choices=["jax", "warp"], default="jax", help="MJX's implementation")
-    for sp in (m, t, c):
+    for sp in (r, m, t, c):
         sp.add_argument("--only", nargs="*", help="rows whose command or name contains one of these")
         sp.add_argument("--dry-run", action="store_true", help="print the rows, run nothing")
-    for sp in (r, m, t, c):
         sp.add_argument("--timeout", type=count(1, float), default=240, help="seconds before a run is stopped")
         sp.add_argument("--out", default=os.path.join(HERE, "results") if sp is t else "", help="folder for the table")
         sp.add_argument("--note", default="", help="a line under the machine (e.g. other load)")
@@ -505,10 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     defaults |= {"mjx_envs": [4096] if gpu else [], "repeats": 1, "scale": 1.0}
     if a.mode == "compare":
         defaults |= {"profile": a.which, "scale": a.iterations, "budget_minutes": 0}
+    if a.mode == "run":
+        defaults |= {"profile": a.script, "budget_minutes": 0}
     for name, value in defaults.items():
         if getattr(a, name, None) is None:
             setattr(a, name, value)
-    return (cmd_run if a.mode == "run" else cmd_table)(a, passthrough)
+    return run_mode(a, passthrough)
 
 
 if __name__ == "__main__":
