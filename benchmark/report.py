@@ -1,17 +1,14 @@
-"""Summarise training runs from their TensorBoard event files: tables beside published scores, learning curves.
+"""Summarise training runs from their TensorBoard event files: tables beside published scores, learning curves, each
+run's segments (one per process) and training statistics (docs/sweeps.md#reports).
 
     python benchmark/report.py runs/ --out benchmark/results/
-
-Runs (``<env>__<exp_name>__<seed>__<time>``) are grouped by script (exp_name) and env: a run's return is the mean of
-its last --last-n episodes, a group's the mean ± std over seeds, SPS the median of ``charts/SPS``. A run continued
-with --resume has an event file per process (a segment), ordered by the step it starts at; what one logged past the
-step the next resumed from was lost and is left out. The status: ``checkpoint.pt``, the folder's lock, the last event.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import re
@@ -30,17 +27,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
-STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a run's budget
-    "losses/entropy": "entropy",
-    "losses/clipfrac": "clipfrac",
-    "losses/approx_kl": "approx KL",
-    "losses/value_loss": "value loss",
-    "losses/td_loss": "TD loss",
-    "losses/explained_variance": "explained variance",
-    "losses/q_values": "Q-values",
-    "charts/epsilon": "epsilon",
-    "charts/learning_rate": "learning rate",
-}
+# what a shortfall is read against, as means over each tenth of a run's budget: tag -> column
+LOSSES = ("entropy", "clipfrac", "approx_kl", "value_loss", "td_loss", "explained_variance", "q_values")
+STAT_TAGS = {f"losses/{name}": name.replace("_", " ") for name in LOSSES}
+STAT_TAGS |= {"charts/epsilon": "epsilon", "charts/learning_rate": "learning rate"}
 DASH = "-"
 SMOOTH = 20  # episodes in the curves' moving average
 Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> [(step, wall time, value)]
@@ -117,11 +107,8 @@ def read_event_file(file: str) -> tuple[Scalars, dict[str, str]]:
     acc = EventAccumulator(file, size_guidance={"scalars": 0, "tensors": 0}).Reload()  # every event (0: no limit)
     tags = acc.Tags()
     scalars = {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]}
-    texts = {}
-    for tag in tags["tensors"]:
-        values = acc.Tensors(tag)[0].tensor_proto.string_val
-        if values:
-            texts[tag.removesuffix("/text_summary")] = values[0].decode(errors="replace")
+    texts = {tag.removesuffix("/text_summary"): acc.Tensors(tag)[0].tensor_proto.string_val for tag in tags["tensors"]}
+    texts = {tag: values[0].decode(errors="replace") for tag, values in texts.items() if values}
     return {tag: events for tag, events in scalars.items() if events}, texts
 
 
@@ -164,8 +151,7 @@ def load_run(path: str) -> Run | None:
         if envs.isdigit() and steps.isdigit():
             run.iteration_steps = int(envs) * int(steps)
     returns.sort(key=lambda r: r[0])  # stable: episodes that ended at the same step keep their order
-    run.steps = np.array([r[0] for r in returns], dtype=np.float64)
-    run.returns = np.array([r[1] for r in returns], dtype=np.float64)
+    run.steps, run.returns = np.array(returns, dtype=np.float64).reshape(-1, 2).T
     run.stats = {tag: np.array(sorted(values), dtype=np.float64) for tag, values in stats.items()}
     run.sps_by_device = {device: float(np.median(values)) for device, values in sps.items()}
     run.last_step = max((seg.last_step for seg in run.segments), default=0)
@@ -260,11 +246,9 @@ def device_cells(runs: list[Run]) -> tuple[str, str]:
 
 
 def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, now: float, recent: float):
-    groups: dict[tuple[str, str], list[Run]] = {}
-    for r in runs:
-        groups.setdefault((r.exp, r.env), []).append(r)
     rows = []
-    for (exp, env), group in sorted(groups.items()):
+    for (exp, env), members in itertools.groupby(runs, lambda r: (r.exp, r.env)):  # runs sorted by script and env
+        group = list(members)
         finals = [f for f in (r.final_return(last_n) for r in group) if f is not None]
         ret = fmt(float(np.mean(finals)), 1) if finals else DASH
         if len(finals) > 1:
@@ -401,8 +385,7 @@ def plot_env(env: str, runs: list[Run], out_dir: str, smooth: int) -> str | None
         ax.plot(grid, np.where(every_seed, np.nan, mean), color=line.get_color(), linestyle="--", linewidth=1)
         ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_title(f"{env}: mean over seeds, min-max band", fontsize=10)
-    ax.set_xlabel("agent steps")
-    ax.set_ylabel(f"episodic return ({smooth}-episode moving avg)")
+    ax.set(xlabel="agent steps", ylabel=f"episodic return ({smooth}-episode moving avg)")
     ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -411,13 +394,6 @@ def plot_env(env: str, runs: list[Run], out_dir: str, smooth: int) -> str | None
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def build_report(runs: list[Run], refs: dict, last_n: int, now: float, recent_s: float) -> str:
-    runs = sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name))
-    lines = [*group_table(runs, refs, last_n, now, recent_s), "", "Per run:", ""]
-    lines += [*run_table(runs, last_n, now, recent_s), *segments_section(runs), *stats_section(runs), ""]
-    return "\n".join([*lines, *references_section(sorted({r.env for r in runs}), refs)]) + "\n"
 
 
 @one_line_errors
@@ -443,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
     os.makedirs(a.out, exist_ok=True)
-    table = build_report(runs, refs, a.last_n, time.time(), a.running_window)
+    runs, now = sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name)), time.time()
+    tables = [*group_table(runs, refs, a.last_n, now, a.running_window), "", "Per run:", ""]
+    tables += [*run_table(runs, a.last_n, now, a.running_window), *segments_section(runs), *stats_section(runs), ""]
+    table = "\n".join([*tables, *references_section(sorted({r.env for r in runs}), refs)]) + "\n"
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = [f"# Results from `{a.runs_dir}`", "", f"Generated {generated}.", "", table]
     body += [] if a.no_plots else ["## Learning curves\n"]
