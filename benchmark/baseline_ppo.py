@@ -1,13 +1,8 @@
-"""Speed baseline: CleanRL's PPO as a reader knows it, standing alone (nothing imported from this project).
+"""Speed baseline: CleanRL's PPO as a reader knows it, standing alone (nothing imported from this project), not for
+training; docs/performance.md#the-tools says what it keeps of CleanRL and what changed to run here.
 
     python benchmark/baseline_ppo.py --env-id ALE/Breakout-v5   # CleanRL's ppo_atari.py
     python benchmark/baseline_ppo.py --env-id HalfCheetah-v5    # CleanRL's ppo_continuous_action.py
-
-CleanRL's SyncVectorEnv over gym.make envs with its wrappers (for Atari, imported from stable-baselines3 as CleanRL
-imports them: `pip install -e ".[baseline]"`), float32 rollout storage, per-step host-device copies, networks, losses
-and hyperparameters. Changed to run here: gymnasium 1.x (SameStep autoreset, ``final_info``), ALE v5 ids (sticky
-actions, grayscale, frameskip=1 for MaxAndSkipEnv to skip), the resize with Pillow (no OpenCV here), ``charts/SPS``
-per iteration from the second on, as our scripts log it. Not for training.
 """
 
 import random

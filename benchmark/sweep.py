@@ -478,14 +478,11 @@ def count(minimum: float, kind: type = int):
     return parse
 
 
-def add_slot_options(p: argparse.ArgumentParser) -> None:
+def add_run_options(p: argparse.ArgumentParser, per: str) -> None:
     g = p.add_argument_group("runs at once here (on the CPUs this process may use: taskset -c LIST picks them)")
     g.add_argument("--jobs-per-gpu", type=count(1), help="runs sharing one GPU at once (default 1)")
     g.add_argument("--jobs", type=count(1), help="runs at once without GPUs (default 1)")
     g.add_argument("--cpus-per-run", type=count(1), help="CPUs and threads per run (default: CPUs / runs at once)")
-
-
-def add_slurm_options(p: argparse.ArgumentParser, per: str) -> None:
     g = p.add_argument_group(f"SLURM (a job array; --cpus-per-run is --cpus-per-task; per {per})")
     g.add_argument("--slurm", action="store_true", help="write the sbatch script and submit it")
     g.add_argument("--partition", help="sbatch --partition")
@@ -521,8 +518,7 @@ def build_parser(grid: str) -> Parser:
     p.add_argument("--track", action="store_true", help="pass --track (and WANDB_PROJECT_NAME / WANDB_ENTITY) on")
     p.add_argument("--resume-existing", action="store_true", help="skip finished and live runs, continue stopped ones")
     p.add_argument("--log-dir", help="per-run logs and summary (default runs/sweep_logs/<grid>_<time>)")
-    add_slot_options(p)
-    add_slurm_options(p, "run")
+    add_run_options(p, "run")
     return p
 
 

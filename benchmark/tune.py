@@ -1,11 +1,6 @@
-"""Hyperparameter studies on Optuna (docs/tuning.md): a thread per slot of the sweep engine runs trials, each trial
-its script once per env and seed; the tasks of a SLURM job array attach to one study in a shared storage.
-
-    python benchmark/tune.py ppo_continuous.py --study-name hopper --envs Hopper-v5 --trials 16 --jobs 2 \\
-        --param gae-lambda=0.8:0.99 --param learning-rate=1e-4:1e-3:log -- --total-timesteps 200000
-    python benchmark/tune.py attach --study-name hopper      # one more worker on the study (each SLURM task)
-    python benchmark/tune.py report --study-name hopper      # best trials, importances, history
-"""
+"""Hyperparameter studies on Optuna (docs/tuning.md): `tune.py SCRIPT ...` starts or continues a study whose trials
+run in the sweep engine's slots, each trial its script once per env and seed; `tune.py attach` adds a worker (each
+task of a SLURM job array is one); `tune.py report` writes the best trials with their commands, and the plots."""
 
 from __future__ import annotations
 
@@ -222,10 +217,8 @@ def report_steps(config: dict) -> list[int]:  # where a trial reports its value 
 
 
 def load_study(storage, name: str, config: dict | None, worker: int = 0):
-    """The study ``name`` and its config: the stored one, which ``config`` (when given) must match but for the number
-    of trials, or ``config`` for a new study. Its TPE sampler, with --sampler-seed seeded anew by each worker and
-    restart (seed + 1000 x worker + trials so far: a rerun would draw the same points again), and its pruner from the
-    first report after the warm-up."""
+    """The study ``name`` and its config: the stored one, which ``config`` (when given) must match but for --trials,
+    or ``config`` for a new study; its TPE sampler (docs/tuning.md#the-search-space) and its pruner."""
     if config is None and name not in optuna.get_all_study_names(storage):
         raise SweepError(f"no study {name} in this storage; start it with benchmark/tune.py SCRIPT ...")
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
@@ -234,6 +227,7 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
         raise SweepError(f"study {name} has {key} {stored[key]!r}, not {config[key]!r}; keep it or use a new name")
     config = config or stored
     study.set_user_attr("tune:config", config)
+    # each worker and restart seeds anew: a rerun would draw the same points again
     seed = None if config["sampler_seed"] is None else config["sampler_seed"] + 1000 * worker + len(study.trials)
     startup = min(10, max(2, config["trials"] // 3))  # random trials before TPE models the results
     study.sampler = optuna.samplers.TPESampler(n_startup_trials=startup, seed=seed, constant_liar=True)
@@ -465,8 +459,7 @@ def build_parser() -> sweep.Parser:
     s.add_argument("--prune-startup", type=int, default=5, help="complete trials before the median pruner acts (5)")
     s.add_argument("--dry-run", action="store_true", help="with --slurm: print the sbatch script")
     s.add_argument("--workers", type=sweep.count(1), default=2, help="SLURM array tasks (default 2)")
-    sweep.add_slot_options(p)
-    sweep.add_slurm_options(p, "task")
+    sweep.add_run_options(p, "task")
     return p
 
 
