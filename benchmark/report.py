@@ -194,9 +194,7 @@ class Reference:  # a published score
     their_env: str  # the environment they measured on, e.g. BreakoutNoFrameskip-v4
     protocol: str
     url: str
-
-    def same_env(self, env: str) -> bool:
-        return self.their_env.replace("/", "_") == env
+    ours: bool  # measured on the env we run (their_env is ours)
 
 
 def load_references(path: str) -> dict[str, list[Reference]]:
@@ -214,8 +212,10 @@ def load_references(path: str) -> dict[str, list[Reference]]:
             env = (row["env"] or "").strip()
             if env and not env.startswith("#"):
                 cells = [(row.get(k) or "").strip() for k in ("score", "source", "their_env", "protocol", "url")]
-                refs.setdefault(env.replace("/", "_"), []).append(Reference(*cells[:2], cells[2] or env, *cells[3:]))
-    return {env: sorted(rs, key=lambda r: not r.same_env(env)) for env, rs in refs.items()}
+                tag, theirs = env.replace("/", "_"), cells[2] or env
+                ref = Reference(*cells[:2], theirs, *cells[3:], ours=theirs.replace("/", "_") == tag)
+                refs.setdefault(tag, []).append(ref)
+    return {env: sorted(rs, key=lambda r: not r.ours) for env, rs in refs.items()}
 
 
 def fmt(x: float | None, digits: int = 0) -> str:  # a number with thousands separators, "-" for none (speed.py too)
@@ -258,9 +258,7 @@ def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, 
         lo, hi = min(r.last_step for r in group), max(r.last_step for r in group)
         steps = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
         wall = fmt_time(float(np.mean([r.wall_time for r in group])))
-        ref = "; ".join(
-            f"{r.score} ({r.source}{'' if r.same_env(env) else ', ' + r.their_env})" for r in refs.get(env, [])
-        )
+        ref = "; ".join(f"{r.score} ({r.source}{'' if r.ours else ', ' + r.their_env})" for r in refs.get(env, []))
         states = ", ".join(sorted({r.status(now, recent) for r in group}))
         rows.append([exp, env, str(len(group)), ret, steps, wall, *device_cells(group), ref or DASH, states])
     header = ["script (exp_name)", "env", "seeds", f"return, last {last_n} episodes (mean ± std)", "steps reached"]
@@ -338,7 +336,7 @@ def stats_section(runs: list[Run]) -> list[str]:
 def references_section(envs: list[str], refs: dict[str, list[Reference]]) -> list[str]:
     rows = [
         [env, r.score, f"[{r.source}]({r.url})" if r.url else r.source]
-        + ["same as ours" if r.same_env(env) else f"{r.their_env} (not ours)", r.protocol or DASH]
+        + ["same as ours" if r.ours else f"{r.their_env} (not ours)", r.protocol or DASH]
         for env in envs
         for r in refs.get(env, [])
     ]

@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch  # loaded by gpu_utils anyway
 
@@ -122,8 +121,7 @@ def read_metrics(folder: str) -> dict[str, float | None]:
 def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=None, by_hand=False) -> list[Result]:
     """Start every setting at once, each in a temporary folder of its own, through sweep.start_run: with this tool's
     thread budget, or pinned to its CPUs in ``cpus``, or (``by_hand``) without thread variables as a user starts it.
-    Past ``timeout`` seconds a run gets SIGTERM (the scripts stop cleanly), 30 s later its group SIGKILL. Each result
-    comes from the run's exit code, event files and output; its folder is removed."""
+    Past ``timeout`` seconds a run gets SIGTERM, 30 s later its group SIGKILL. Its folder is removed after."""
     runs, start = [], time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     budget = gpu_utils.allowed_cpus()[: gpu_utils.thread_budget().threads]
@@ -206,9 +204,8 @@ def measure(settings: list[Setting], a, repeats: int = 1, budget_minutes: float 
 
 
 def env_rate(envs, actions, seconds: float) -> float:
-    """Env steps/s of a vector env stepped with ``actions[i]`` (64 prepared batches, in turn) for ``seconds`` after
-    10 warm-up steps, to its last result on the host (a GPU's work done): the mean over the whole time, resets
-    included (a median would hide them). The envs are closed after."""
+    """Env steps/s of a vector env stepped with ``actions[i]`` (64 batches in turn) for ``seconds`` after 10 warm-up
+    steps, to its last result on the host: the mean over the whole time, resets included. The envs are closed after."""
     envs.reset()
     for i in range(10):
         last = envs.step(actions[i])
@@ -243,12 +240,11 @@ def mujoco_row(seconds: float, n: int, subproc: bool) -> tuple:
     """ppo_continuous.py's HalfCheetah-v5 vector env, in process or (--subproc) in subprocesses."""
 
     def rate() -> float:
+        from continuous_envs import HostEnvs
         from ppo_continuous import make_env
 
         fns = [make_env("HalfCheetah-v5", i, False, "", subproc) for i in range(n)]
-        vector = gym.vector.AsyncVectorEnv if subproc else gym.vector.SyncVectorEnv
-        kwargs = {"context": "forkserver"} if subproc else {}
-        envs = vector(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False, **kwargs)
+        envs = HostEnvs(fns, subproc, 0.99, torch.device("cpu")).envs  # the script's gymnasium vector env
         space = envs.single_action_space
         actions = np.random.default_rng(0).uniform(space.low, space.high, (64, n, *space.shape))
         return env_rate(envs, actions.astype(np.float32), seconds)
@@ -374,9 +370,8 @@ def snake(n: int, windows: int, flags: tuple[str, ...] = ()) -> Setting:
 
 
 def profile(name: str, cuda: bool) -> list[Setting]:
-    """The training runs of a table: each script's defaults on a CPU; on one GPU, the rows behind the targets first
-    (past --budget-minutes the last ones are skipped); for `compare`, ours and the CleanRL-style baseline at matched
-    settings (batch, minibatch, epochs), one iteration each (--iterations sets how many)."""
+    """The training runs of a table: each script's defaults on a CPU; on one GPU, the rows behind the targets first;
+    for `compare`, ours and the baseline at matched batch, minibatch and epochs, one iteration each (--iterations)."""
     baseline = "benchmark/baseline_ppo.py"
     if name == "continuous":
         base = Setting([baseline, *CHEETAH], 2048, 1)

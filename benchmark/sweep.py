@@ -140,10 +140,8 @@ def unknown_env_ids(env_ids: Sequence[str]) -> list[str]:
 
 
 def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> list[Run]:
-    """The grid's settings x seeds. ppo_atari: games, each with its --gae-lambda from benchmark/atari_lambdas.csv
-    (0.95 for a game not there) unless one comes after --. ppo_continuous: envs x presets, each preset its own
-    --exp-name (ppo_continuous_fast). dqn_snake: board sizes ("N" or "HxW") x numbers of games, each number its own
-    --exp-name (dqn_snake_vec_n256). A --exp-name after -- names them all."""
+    """The grid's settings x seeds (docs/sweeps.md): games with their lambdas, envs x presets or board sizes x numbers
+    of games, each preset and number of games its own --exp-name (ppo_continuous_fast, dqn_snake_vec_n256)."""
     exp = flag_value(passthrough, "--exp-name")
     settings = []  # (label, env tag, exp name, script and arguments)
     if grid == "ppo_atari":
@@ -232,9 +230,8 @@ def slot_gpus(passthrough: Sequence[str]) -> list[int | None]:
 
 
 def make_slots(a: argparse.Namespace, passthrough: Sequence[str]) -> tuple[list[Slot], bool]:
-    """--jobs-per-gpu slots per GPU (--jobs on the CPU), in turn over the GPUs, and whether runs are pinned (where
-    taskset works). Slot s gets group s of gpu_utils.split_cpus(the CPUs this process may use, slots), or with
-    --cpus-per-run k the k CPUs from s * k on; in a SLURM task, the task's CPUs, unpinned (SLURM pins them)."""
+    """--jobs-per-gpu slots per GPU (--jobs on the CPU) in turn over the GPUs, each with its CPUs as
+    docs/sweeps.md#thread-budget says, and whether runs are pinned (where taskset works, and not in a SLURM task)."""
     import gpu_utils
 
     gpus = slot_gpus(passthrough)
