@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import difflib
 import functools
 import glob
@@ -62,10 +63,9 @@ def script_fields(script: str) -> dict[str, Field]:
     classes = [n for n in ast.parse(Path(path).read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
     fields = {}
     for node in [n for n in classes[0].body if isinstance(n, ast.AnnAssign)] if classes else []:
-        try:
-            default = ast.literal_eval(node.value) if node.value else None
-        except ValueError:  # an expression, such as the script's file name
-            default = None
+        default = None
+        with contextlib.suppress(ValueError):  # none, or an expression such as the script's file name: None
+            default = ast.literal_eval(node.value)
         annotation = ast.unparse(node.annotation)
         literal = re.search(r"Literal\[(.*?)\]", annotation)
         choices = tuple(ast.literal_eval(f"({literal[1]},)")) if literal else None
@@ -131,11 +131,8 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
         f = find_field(name, fields, script)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
     for name, dist in space.items():
-        value = values.get(name)
-        inside = (
-            value in dist.choices if hasattr(dist, "choices") else value is not None and dist.low <= value <= dist.high
-        )
-        if not inside:
+        value, choices = values.get(name), getattr(dist, "choices", None)
+        if (value not in choices) if choices else (value is None or not dist.low <= value <= dist.high):
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values
 
