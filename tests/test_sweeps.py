@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 import sweep  # noqa: E402
 
-sys.path.pop(0)
+sys.path.remove(os.path.join(ROOT, "benchmark"))  # not pop(0): importing sweep put the repo root first
 import gpu_utils  # noqa: E402
 import ppo_continuous as pc  # noqa: E402
 import run_utils  # noqa: E402
