@@ -55,14 +55,28 @@ class Field(NamedTuple):  # a field of the script's Args
     choices: tuple | None = None  # a Literal's values
 
 
+def class_fields(path: Path, name: str) -> list[ast.AnnAssign]:
+    """The annotated fields of ``class name`` in the source at ``path``, after those of its bases that live in the
+    same file or a module of the repo root (``run_utils.RunArgs``)."""
+    classes = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name]
+    if not classes:
+        return []
+    fields = []
+    for base in classes[0].bases:
+        module, _, base_name = ast.unparse(base).rpartition(".")
+        base_path = Path(sweep.REPO_ROOT, f"{module}.py") if module else path
+        if base_path.is_file():
+            fields += class_fields(base_path, base_name)
+    return fields + [n for n in classes[0].body if isinstance(n, ast.AnnAssign)]
+
+
 def script_fields(script: str) -> dict[str, Field]:
-    """The fields of ``class Args`` in the script's source, by name (nothing is imported)."""
-    path = os.path.join(sweep.REPO_ROOT, script)
-    if not script.endswith(".py") or not os.path.isfile(path):
+    """The fields of ``class Args`` in the script's source, inherited ones too, by name (nothing is imported)."""
+    path = Path(sweep.REPO_ROOT, script)
+    if not script.endswith(".py") or not path.is_file():
         raise SweepError(f"no training script {script} in {sweep.REPO_ROOT}; name one, e.g. ppo_continuous.py")
-    classes = [n for n in ast.parse(Path(path).read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
     fields = {}
-    for node in [n for n in classes[0].body if isinstance(n, ast.AnnAssign)] if classes else []:
+    for node in class_fields(path, "Args"):
         default = None
         with contextlib.suppress(ValueError):  # none, or an expression such as the script's file name: None
             default = ast.literal_eval(node.value)

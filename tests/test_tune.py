@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 import tune  # noqa: E402
 
-sys.path.pop(0)
+sys.path.remove(os.path.join(ROOT, "benchmark"))  # not pop(0): importing sweep put the repo root first
 
 NOT_PASSED = ("CUDA_OFFSET", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHON", "NUM_GPUS")
 CONFIG = {"script": "ppo_continuous.py", "params": ["gamma=0.9:0.99"], "envs": [], "seeds": ["1"], "args": []}
@@ -45,6 +45,11 @@ def test_the_search_space_comes_from_the_scripts_args():
     assert tune.parse_param("network-arch=64,64|256,256", fields, "x")[1].choices == ("64,64", "256,256")
     assert tune.parse_param("anneal-lr=true,false", fields, "x")[1].choices == (True, False)
     assert tune.parse_param("preset=fast,heavy", fields, "x")[1].choices == ("fast", "heavy")  # a Literal field
+    # the flags every script inherits (run_utils.RunArgs) are Args fields too: searched, or refused as how a run goes
+    assert tune.parse_param("amp=true,false", fields, "x")[1].choices == (True, False)
+    assert tune.parse_param("micro-batch=auto,64", fields, "x")[1].choices == ("auto", "64")
+    with pytest.raises(tune.SweepError, match="--gpu is not searched"):
+        tune.parse_param("gpu=true,false", fields, "x")
     space = dict([("learning-rate", lr), tune.parse_param("anneal-lr=true,false", fields, "x")])
     assert tune.parse_enqueue("defaults", space, fields, "x") == {"learning-rate": 3e-4, "anneal-lr": True}
     # what a run gets: full float precision, tyro's --no- form of a false bool, then the study's fixed arguments
