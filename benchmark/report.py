@@ -27,10 +27,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
-# what a shortfall is read against, as means over each tenth of a run's budget: tag -> column
-LOSSES = ("entropy", "clipfrac", "approx_kl", "value_loss", "td_loss", "explained_variance", "q_values")
-STAT_TAGS = {f"losses/{name}": name.replace("_", " ") for name in LOSSES}
-STAT_TAGS |= {"charts/epsilon": "epsilon", "charts/learning_rate": "learning rate"}
+STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a run's budget
+    "losses/entropy": "entropy",
+    "losses/clipfrac": "clipfrac",
+    "losses/approx_kl": "approx KL",
+    "losses/value_loss": "value loss",
+    "losses/td_loss": "TD loss",
+    "losses/explained_variance": "explained variance",
+    "losses/q_values": "Q-values",
+    "charts/epsilon": "epsilon",
+    "charts/learning_rate": "learning rate",
+}
 DASH = "-"
 SMOOTH = 20  # episodes in the curves' moving average
 Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> [(step, wall time, value)]
@@ -417,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
     os.makedirs(a.out, exist_ok=True)
-    runs, now = sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name)), time.time()
+    runs = sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name))
+    now = time.time()
     tables = [*group_table(runs, refs, a.last_n, now, a.running_window), "", "Per run:", ""]
     tables += [*run_table(runs, a.last_n, now, a.running_window), *segments_section(runs), *stats_section(runs), ""]
     table = "\n".join([*tables, *references_section(sorted({r.env for r in runs}), refs)]) + "\n"

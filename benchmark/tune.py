@@ -145,8 +145,12 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
         f = find_field(name, fields, script)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
     for name, dist in space.items():
-        value, choices = values.get(name), getattr(dist, "choices", None)
-        if (value not in choices) if choices else (value is None or not dist.low <= value <= dist.high):
+        value = values.get(name)
+        if hasattr(dist, "choices"):
+            inside = value in dist.choices
+        else:
+            inside = value is not None and dist.low <= value <= dist.high
+        if not inside:
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values
 
