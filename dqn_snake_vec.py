@@ -83,20 +83,22 @@ def validate(args: Args, device: torch.device | None = None) -> None:
     replay memory larger than the memory free there (not for --eval-checkpoint, which makes none)."""
     h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
     epsilons = (args.start_e, args.end_e, args.eval_epsilon)
+    frequency, fraction = args.target_network_frequency, args.exploration_fraction
     run_utils.check(
         {
             f"--height and --width must be at least 3, got {h} x {w}": min(h, w) >= 3,
             f"--num-envs must be at least 1, got {n}": n >= 1,
             f"--total-timesteps must be at least --num-envs ({n})": args.total_timesteps >= n,
             f"--n-step must be at least 1, got {args.n_step}": args.n_step >= 1,
-            "--gamma and --tau must be in (0, 1]": 0 < args.gamma <= 1 and 0 < args.tau <= 1,
+            f"--gamma must be in (0, 1], got {args.gamma}": 0 < args.gamma <= 1,
+            f"--tau must be in (0, 1], got {args.tau}": 0 < args.tau <= 1,
             f"--batch-size must be at least 1, got {args.batch_size}": args.batch_size >= 1,
             f"--buffer-size ({buffer_size}) must hold at least --batch-size and --num-envs": (
                 buffer_size >= max(args.batch_size, n)
             ),
-            "--updates-per-step must be at least 0": args.updates_per_step >= 0,
-            "--target-network-frequency must be at least 1": args.target_network_frequency >= 1,
-            "--exploration-fraction must be in (0, 1]": 0 < args.exploration_fraction <= 1,
+            f"--updates-per-step must be at least 0, got {args.updates_per_step}": args.updates_per_step >= 0,
+            f"--target-network-frequency must be at least 1, got {frequency}": frequency >= 1,
+            f"--exploration-fraction must be in (0, 1], got {fraction}": 0 < fraction <= 1,
             f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": (
                 0 <= min(epsilons) and max(epsilons) <= 1
             ),

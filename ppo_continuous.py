@@ -105,7 +105,7 @@ def resolve_args(args: Args) -> dict[str, str]:
     sized = args.minibatch_size is not None
     run_utils.check(
         {
-            "--num-envs, --num-steps and --update-epochs must be at least 1": min(counts) >= 1,
+            f"--num-envs, --num-steps and --update-epochs must be at least 1, got {counts}": min(counts) >= 1,
             "pass either --minibatch-size or --num-minibatches, not both": args.num_minibatches is None or not sized,
         }
     )

@@ -556,11 +556,14 @@ def test_bad_input_is_one_line_error(tmp_path):
 @pytest.mark.parametrize(
     "changes,needle",
     [
-        (dict(tau=0.0), "--tau"),
+        (dict(tau=0.0), r"--tau must be in \(0, 1\], got 0.0"),
         (dict(n_step=0), "--n-step"),
         (dict(buffer_size=16), "--buffer-size"),
         (dict(batch_size=0), "--batch-size must be at least 1, got 0"),
-        (dict(gamma=1.5), "--gamma"),
+        (dict(gamma=1.5), r"--gamma must be in \(0, 1\], got 1.5"),
+        (dict(updates_per_step=-1), "--updates-per-step must be at least 0, got -1"),
+        (dict(target_network_frequency=0), "--target-network-frequency must be at least 1, got 0"),
+        (dict(exploration_fraction=2.0), r"--exploration-fraction must be in \(0, 1\], got 2.0"),
         (dict(learning_rate=-1e-3), "--learning-rate must be at least 0"),
         (dict(max_grad_norm=-1.0), "--max-grad-norm must be positive"),
         (dict(start_e=2.0), r"--start-e, --end-e and --eval-epsilon must be in \[0, 1\], got \(2.0"),

@@ -126,6 +126,7 @@ def test_discrete_env_gives_one_line_error(tmp_path):
         ),
         (["--minibatch-size", "64", "--num-minibatches", "32"], "not both"),
         (["--num-envs", "0"], "at least 1"),
+        (["--num-steps", "0"], r"--update-epochs must be at least 1, got \(1, 0, 10\)"),
     ],
 )
 def test_bad_settings_raise_one_line_errors(argv, match):
