@@ -661,8 +661,9 @@ class CudaGraph:
     and the optimizer's state settle; the next captures it on static copies of its arguments, and every call from
     then on copies its arguments in and replays. So ``fn`` takes tensors of fixed shapes, makes no host sync and
     returns tensors that the next call overwrites (clone what you keep); an optimizer inside needs
-    ``capturable=True`` and ``zero_grad(set_to_none=True)`` first. Disabled, or after a failed capture (said once),
-    every call runs ``fn`` eagerly: the run goes on, slower.
+    ``capturable=True`` and ``zero_grad(set_to_none=True)`` first. Each replay advances the default CUDA generator;
+    other generators are not tracked. Disabled, or after a failed capture (said once), every call runs ``fn``
+    eagerly: the run goes on, slower.
     """
 
     warmup_stream: torch.cuda.Stream | None = None  # one for all: cuBLAS keeps a workspace per stream, never freed
