@@ -43,7 +43,7 @@ RUNS_DIR = os.path.join(sweep.REPO_ROOT, "runs")
 SET_BY_TUNER = {"seed": "--seeds", "env_id": "--envs", "exp_name": "--study-name", "resume": "a rerun of the study"}
 SET_BY_TUNER |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
 NOT_TUNABLE = {*SET_BY_TUNER, "gpu", "cuda_offset", "eval_episodes", "track", "wandb_project_name", "wandb_entity"}
-NOT_TUNABLE |= {"capture_video", "progress_bar", "checkpoint_every", "total_timesteps"}
+NOT_TUNABLE |= {"capture_video", "progress_bar", "checkpoint_every", "total_timesteps", "num_threads"}
 HEARTBEAT_S = 60.0  # how often a tuner stamps its running trials (user attribute tune:heartbeat)
 say = functools.partial(print, "[tune]", flush=True)
 
