@@ -416,11 +416,12 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files, no window
-    states = [t.state.name for t in study.trials]
-    again = len(states) - states.count("WAITING") - counted(study.trials)
+    trials = study.trials  # one snapshot: a live study's trials change between two reads
+    states = [t.state.name for t in trials]
+    again = len(states) - states.count("WAITING") - counted(trials)
     counts = ", ".join(f"{states.count(s)} {s.lower()}" for s in ("COMPLETE", "PRUNED", "RUNNING", "WAITING"))
     counts = f"{len(states)} trials: {counts}, {states.count('FAIL') - again} failed, {again} stopped and queued again"
-    best = sorted((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)[:10]
+    best = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)[:10]
     names = [spec.split("=")[0] for spec in config["params"]]
     env, seed = (config[k][0] if len(config[k]) == 1 else None for k in ("envs", "seeds"))
     where = (["--env-id", env] if env else []) + (["--seed", seed] if seed else [])

@@ -142,6 +142,31 @@ def test_the_value_is_read_from_event_files_as_they_grow(tmp_path, monkeypatch):
     assert tune.trial_value(CONFIG, [tune.TrialRun(None, [], "log", "none")]) == (None, {})
 
 
+def test_the_report_counts_one_read_of_a_live_study(tmp_path, monkeypatch, capsys):
+    """Another tuner may take the waiting trial while the report reads a live study: the counts come from one read
+    (two reads once said "1 failed, 0 stopped and queued again" for a trial that was queued again)."""
+    study = optuna.create_study(direction="maximize")
+    gamma = optuna.distributions.FloatDistribution(0.9, 0.99)
+    for value in (1.0, 2.0):
+        study.add_trial(optuna.trial.create_trial(params={"gamma": 0.95}, distributions={"gamma": gamma}, value=value))
+    stopped = study.ask()
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL)
+    study.enqueue_trial({"gamma": 0.95}, user_attrs={"tune:origin": stopped.number, "tune:continues": stopped.number})
+    read = optuna.study.Study.trials.fget
+    taken = []
+
+    def read_then_taken(self):  # right after the report's first read, another tuner asks for the waiting trial
+        trials = read(self)
+        if not taken:
+            taken.append(self.ask())
+        return trials
+
+    monkeypatch.setattr(optuna.study.Study, "trials", property(read_then_taken))
+    tune.write_report(study, CONFIG | {"params": ["gamma=0.9:0.99"]}, "in memory", str(tmp_path))
+    counts = "4 trials: 2 complete, 0 pruned, 0 running, 1 waiting, 0 failed, 1 stopped and queued again"
+    assert counts in capsys.readouterr().out
+
+
 def test_pruners_samplers_and_restarts(tmp_path):
     storage = tune.open_storage(str(tmp_path / "study.journal"))
     study, _ = tune.load_study(storage, "median", CONFIG)
