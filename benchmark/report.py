@@ -88,6 +88,8 @@ class Run:
         step, total = max(self.last_step, self.checkpoint_step), self.total_timesteps
         at = f"{math.floor(100.0 * step / total)}%" if total else f"step {step:,}"
         resume = f"resume with --resume {self.checkpoint}" if self.checkpoint else ""
+        if self.live:  # trains now, whatever its last checkpoint said (a resumed run's says stopped until its next)
+            return f"running ({at})"
         if self.checkpoint_status == "finished":
             return "done"
         if self.checkpoint_status == "stopped":
@@ -95,8 +97,6 @@ class Run:
         if self.checkpoint_status == "diverged":  # its checkpoint holds the last finite weights
             kept = f"NaN or infinite weights; its checkpoint keeps step {self.checkpoint_step:,}"
             return f"diverged at {at} ({kept})" if long else f"diverged ({at})"
-        if self.live:
-            return f"running ({at})"
         if self.checkpoint_status is None and total and self.last_step + self.iteration_steps > total - 1:
             return "done"  # no checkpoint to ask: it reached its last whole iteration
         if now - self.last_event < recent_s:

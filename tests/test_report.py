@@ -281,7 +281,8 @@ def test_report_never_runs_code_in_a_checkpoint(tmp_path):
 
 def test_report_shows_a_live_run_as_running(tmp_path):
     """A run whose process holds runs/<run>/.lock trains now, however long ago its last event was (a slow first
-    iteration, a long evaluation): "running", not "stale"; without the lock the same run is stale."""
+    iteration, a long evaluation) and whatever its last checkpoint says: "running", not "stale" or "stopped"; without
+    the lock the same run is stale."""
     import run_utils
 
     name = "ALE_Pong-v5__ppo_atari__1__1700000000"
@@ -297,6 +298,14 @@ def test_report_shows_a_live_run_as_running(tmp_path):
     assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
     res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
     assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1].startswith("stale at 20%")
+    # resumed from a stopped checkpoint, it trains again before its next checkpoint says so: running, not stopped
+    write_checkpoint(runs / name, "stopped", 2000, 10000)
+    fd = run_utils.lock_run_dir(runs / name)
+    try:
+        res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    finally:
+        os.close(fd)
+    assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
 
 
 def write_segment(run_dir, start, returns, sps, t0, device=None, gpu_samples=False):
