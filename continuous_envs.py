@@ -75,6 +75,14 @@ class RunningMeanStd:
         return ((obs - self.mean) / (self.var + 1e-8) ** 0.5).clip(-10.0, 10.0)
 
 
+def vector_env(env_fns, subproc: bool):
+    """gymnasium's vector env over ``env_fns``, in this process or (``subproc``) each env in its own process."""
+    mode = gym.vector.AutoresetMode.SAME_STEP  # a truncated episode's final obs is bootstrapped with the critic
+    if subproc:  # forkserver: a clean process, not a fork of the training process
+        return gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=mode, copy=False)
+    return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=mode, copy=False)
+
+
 class HostEnvs:
     """gymnasium's vector envs as the PPO loop steps them (CleanRL's wrappers, vectorised here): actions clipped to
     the action space; observations normalised by running statistics and rewards divided by the running std of the
@@ -82,12 +90,7 @@ class HostEnvs:
     its time limit cut short bootstraps from the value of its last observation. Results are tensors on ``device``."""
 
     def __init__(self, env_fns, subproc: bool, gamma: float, device: torch.device, state: dict | None = None):
-        mode = gym.vector.AutoresetMode.SAME_STEP  # a truncated episode's final obs is bootstrapped with the critic
-        if subproc:  # each env in its own process (forkserver: a clean one, not a fork of the training process)
-            envs = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=mode, copy=False)
-        else:
-            envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=mode, copy=False)
-        self.envs = envs
+        self.envs = envs = vector_env(env_fns, subproc)
         self.gamma = gamma
         self.device = device
         self.low, self.high = envs.single_action_space.low, envs.single_action_space.high

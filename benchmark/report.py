@@ -114,8 +114,11 @@ def read_event_file(file: str) -> tuple[Scalars, dict[str, str]]:
     acc = EventAccumulator(file, size_guidance={"scalars": 0, "tensors": 0}).Reload()  # every event (0: no limit)
     tags = acc.Tags()
     scalars = {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]}
-    texts = {tag.removesuffix("/text_summary"): acc.Tensors(tag)[0].tensor_proto.string_val for tag in tags["tensors"]}
-    texts = {tag: values[0].decode(errors="replace") for tag, values in texts.items() if values}
+    texts = {}
+    for tag in tags["tensors"]:
+        values = acc.Tensors(tag)[0].tensor_proto.string_val
+        if values:
+            texts[tag.removesuffix("/text_summary")] = values[0].decode(errors="replace")
     return {tag: events for tag, events in scalars.items() if events}, texts
 
 

@@ -146,8 +146,9 @@ def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=Non
             stop(proc, wait=False)
         raise
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # all the runs': one run's when alone
     for res, tmp, proc in runs:
-        res.cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime if len(runs) == 1 else None
+        res.cpu_s = cpu_s if len(runs) == 1 else None
         rc = proc.returncode
         if res.status == "ok" and rc:
             res.status = f"failed (exit {rc})" if rc > 0 else f"killed by {signal.Signals(-rc).name}"
@@ -240,11 +241,10 @@ def mujoco_row(seconds: float, n: int, subproc: bool) -> tuple:
     """ppo_continuous.py's HalfCheetah-v5 vector env, in process or (--subproc) in subprocesses."""
 
     def rate() -> float:
-        from continuous_envs import HostEnvs
+        from continuous_envs import vector_env
         from ppo_continuous import make_env
 
-        fns = [make_env("HalfCheetah-v5", i, False, "", subproc) for i in range(n)]
-        envs = HostEnvs(fns, subproc, 0.99, torch.device("cpu")).envs  # the script's gymnasium vector env
+        envs = vector_env([make_env("HalfCheetah-v5", i, False, "", subproc) for i in range(n)], subproc)
         space = envs.single_action_space
         actions = np.random.default_rng(0).uniform(space.low, space.high, (64, n, *space.shape))
         return env_rate(envs, actions.astype(np.float32), seconds)

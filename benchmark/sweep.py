@@ -278,8 +278,16 @@ def start_run(command: list[str], cpus: Sequence[int], pin: bool, log_path: str)
     with open(log_path, "a") as log:
         log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {shlex.join(prefix + command)}\n")
         log.flush()
-        how = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "start_new_session": True}
-        return subprocess.Popen(prefix[2:] + command, cwd=REPO_ROOT, env=env, preexec_fn=death_signal, **how)
+        return subprocess.Popen(
+            prefix[2:] + command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=death_signal,
+        )
 
 
 class Stopper:

@@ -289,22 +289,22 @@ def test_report_shows_a_live_run_as_running(tmp_path):
     runs = tmp_path / "runs"
     write_run(runs, name, returns=[1.0], return_steps=[2000], t0=time.time() - 7200)
     write_checkpoint(runs / name, "running", 2000, 10000)
-    fd = run_utils.lock_run_dir(runs / name)
-    try:
-        res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
-    finally:
-        os.close(fd)
+
+    def report_while_live():  # the run's process holds runs/<run>/.lock meanwhile
+        fd = run_utils.lock_run_dir(runs / name)
+        try:
+            return run_report(runs, "--out", tmp_path / "out", "--no-plots")
+        finally:
+            os.close(fd)
+
+    res = report_while_live()
     assert res.returncode == 0, res.stderr
     assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
     res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
     assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1].startswith("stale at 20%")
     # resumed from a stopped checkpoint, it trains again before its next checkpoint says so: running, not stopped
     write_checkpoint(runs / name, "stopped", 2000, 10000)
-    fd = run_utils.lock_run_dir(runs / name)
-    try:
-        res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
-    finally:
-        os.close(fd)
+    res = report_while_live()
     assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
 
 
