@@ -166,6 +166,7 @@ def load_run(path: str) -> Run | None:
     run.sps_by_device = {device: float(np.median(values)) for device, values in sps.items()}
     run.last_step = max((seg.last_step for seg in run.segments), default=0)
     run.wall_time = sum(seg.wall_time for seg in run.segments)
+    run.last_event = run.last_event or max(map(os.path.getmtime, files), default=0.0)  # died before its first scalar
     read_checkpoint(run)
     run.live = run_utils.run_is_live(path)
     return run
@@ -183,12 +184,12 @@ def read_checkpoint(run: Run) -> None:
     path = os.path.join(run.path, "checkpoint.pt")
     if not os.path.isfile(path):
         return
-    run.checkpoint = path
     try:
         ckpt = run_utils.read_checkpoint(path)
-    except (OSError, run_utils.CheckpointError) as exc:
+    except (OSError, run_utils.CheckpointError) as exc:  # not one to --resume from either
         print(f"warning: {exc}; status from the event files", file=sys.stderr)
         return
+    run.checkpoint = path
     status = ckpt.get("status")
     run.checkpoint_status = status if status in run_utils.CHECKPOINT_STATUSES else None
     run.checkpoint_step = int(ckpt.get("global_step") or 0)
@@ -423,11 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SweepError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
     folders = sorted(d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files))
     loaded = {d: load_run(d) for d in folders}
-    runs = [run for run in loaded.values() if run]
+    runs = sorted((run for run in loaded.values() if run), key=lambda r: (r.exp, r.env, r.seed, r.name))
     if not runs:
         raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
     os.makedirs(a.out, exist_ok=True)
-    runs = sorted(runs, key=lambda r: (r.exp, r.env, r.seed, r.name))
     now = time.time()
     tables = [*group_table(runs, refs, a.last_n, now, a.running_window), "", "Per run:", ""]
     tables += [*run_table(runs, a.last_n, now, a.running_window), *segments_section(runs), *stats_section(runs), ""]

@@ -175,11 +175,10 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
     if unknown:
         raise SweepError(f"unknown env id {unknown[0]}; use gymnasium's ids, e.g. ALE/Pong-v5 (game Pong), Hopper-v5")
     seeds = parse_seeds(a.seeds)
-    return [
-        Run(f"{s[0]} seed={seed}", run_id(s[1], s[2], seed), (*s[3], "--seed", seed))
-        for s in settings
-        for seed in seeds
-    ]
+    runs = [Run(f"{s[0]} seed={n}", run_id(s[1], s[2], n), (*s[3], "--seed", n)) for s in settings for n in seeds]
+    for rid in [rid for rid, n in Counter(r.run_id for r in runs).items() if n > 1][:1]:  # they would share a folder
+        raise SweepError(f"the sweep lists run {rid} twice; name each game, env, setting and seed once (--seeds ...)")
+    return runs
 
 
 def cpu_ranges(cpus: Sequence[int]) -> str:
@@ -272,7 +271,6 @@ def start_run(command: list[str], cpus: Sequence[int], pin: bool, log_path: str)
         if os.getppid() != parent:  # the parent died before the request took effect
             os.kill(os.getpid(), signal.SIGTERM)
 
-    death_signal = term_with_parent if sys.platform.startswith("linux") else None
     prefix = slot_prefix(cpus, pin)  # thread variables (set in env), then taskset when pinned
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "a") as log:
@@ -286,7 +284,7 @@ def start_run(command: list[str], cpus: Sequence[int], pin: bool, log_path: str)
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=death_signal,
+            preexec_fn=term_with_parent if sys.platform.startswith("linux") else None,
         )
 
 
@@ -453,7 +451,10 @@ def run_task(spec_path: str, index: str) -> int:
     (no --gpu); the --resume-existing decision is taken now (RESUME_EXISTING=1 asks for it too)."""
     import gpu_utils
 
-    spec = json.loads(Path(spec_path).read_text())
+    try:
+        spec = json.loads(Path(spec_path).read_text())
+    except (OSError, ValueError) as exc:  # its sweep's log dir moved, or a broken file
+        raise SweepError(f"cannot read the sweep's runs from {spec_path} ({exc}); submit the sweep again") from None
     if not index.isdigit() or int(index) >= len(spec["runs"]):
         raise SweepError(f"task '{index}' is not one of 0-{len(spec['runs']) - 1}: submit the script with sbatch")
     entry = spec["runs"][int(index)]
@@ -499,10 +500,10 @@ def add_run_options(p: argparse.ArgumentParser, per: str) -> None:
     g.add_argument("--sbatch-args", nargs=argparse.REMAINDER, default=[], help="words for sbatch (put it last)")
 
 
-def check_modes(a: argparse.Namespace) -> None:
+def check_modes(a: argparse.Namespace, only: Sequence[str] = SLURM_ONLY) -> None:
     if a.slurm and (a.jobs or a.jobs_per_gpu):
         raise SweepError("--jobs and --jobs-per-gpu are for runs here; under --slurm use --max-parallel")
-    for option in [f for f in SLURM_ONLY if getattr(a, f) not in (None, [])][:1] if not a.slurm else []:
+    for option in [f for f in only if getattr(a, f) not in (None, [])][:1] if not a.slurm else []:
         raise SweepError(f"--{option.replace('_', '-')} is a SLURM option; add --slurm (or drop it)")
 
 

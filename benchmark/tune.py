@@ -105,6 +105,8 @@ def convert(text: str, f: Field, what: str) -> object:
     kinds = {"bool": lambda t: {"true": True, "false": False}[t.lower()], "int": int, "float": float, "str": str}
     try:
         value = kinds[f.kind](text.strip())
+        if f.kind == "float" and not math.isfinite(value):  # NaN or infinite: no range to draw from, nor a value
+            raise ValueError
     except (KeyError, ValueError):
         raise SweepError(f"{what}: {f.flag} takes a value of type {f.kind}, not '{text}'") from None
     if f.choices and value not in f.choices:  # refused here, not by each trial's run
@@ -144,13 +146,11 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
         name, _, value = word.partition("=")
         f = find_field(name, fields, script)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
+    for name in values.keys() - space.keys():  # Optuna would drop it: the trial would run with the script's default
+        raise SweepError(f"--enqueue {text}: {name} is not searched (no --param); pass it after -- to set it for all")
     for name, dist in space.items():
-        value = values.get(name)
-        if hasattr(dist, "choices"):
-            inside = value in dist.choices
-        else:
-            inside = value is not None and dist.low <= value <= dist.high
-        if not inside:
+        value, choices = values.get(name), getattr(dist, "choices", None)
+        if not (value in choices if choices else value is not None and dist.low <= value <= dist.high):
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values
 
@@ -242,8 +242,8 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
         raise SweepError(f"study {name} has {key} {stored[key]!r}, not {config[key]!r}; keep it or use a new name")
     config = config or stored
     study.set_user_attr("tune:config", config)
-    # each worker and restart seeds anew: a rerun would draw the same points again
-    seed = None if config["sampler_seed"] is None else config["sampler_seed"] + 1000 * worker + len(study.trials)
+    seed = config["sampler_seed"]  # each worker and restart seeds anew: a rerun would draw the same points again
+    seed = None if seed is None else (seed + 1000 * worker + len(study.trials)) % 2**32
     startup = min(10, max(2, config["trials"] // 3))  # random trials before TPE models the results
     study.sampler = optuna.samplers.TPESampler(n_startup_trials=startup, seed=seed, constant_liar=True)
     total, warmup = config["total_timesteps"], int(config["prune_warmup"] * config["total_timesteps"])
@@ -460,7 +460,7 @@ def build_parser() -> sweep.Parser:
     p.add_argument("--storage", help="a journal file or an RDB URL (default runs/tune/<study>/study.journal)")
     p.add_argument("--log-dir", help="the runs' logs and the report (default runs/tune/<study>)")
     p.add_argument("--out", help="where report writes report.md and the PNGs (default: the log dir)")
-    p.add_argument("--stale-after", type=float, default=600.0, help="seconds without a heartbeat: a trial is stale")
+    p.add_argument("--stale-after", type=sweep.count(2 * HEARTBEAT_S, float), default=600, help="stale after (seconds)")
     s = p.add_argument_group("a new study")
     s.add_argument("--param", action="append", default=[], metavar="NAME=SPEC", help="NAME=LOW:HIGH[:log|:STEP], a,b")
     s.add_argument("--trials", type=sweep.count(1), default=20, help="trials in the study (default 20)")
@@ -472,8 +472,8 @@ def build_parser() -> sweep.Parser:
     s.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median")
     s.add_argument("--reports", type=sweep.count(1), default=10, help="reports of the value per run (10)")
     s.add_argument("--prune-warmup", type=float, default=0.3, help="no pruning before this part of a run (0.3)")
-    s.add_argument("--prune-startup", type=int, default=5, help="complete trials before the median pruner acts (5)")
-    s.add_argument("--dry-run", action="store_true", help="with --slurm: print the sbatch script")
+    s.add_argument("--prune-startup", type=sweep.count(0), default=5, help="complete trials before median pruning (5)")
+    s.add_argument("--dry-run", action="store_true", default=None, help="with --slurm: print the sbatch script")
     s.add_argument("--workers", type=sweep.count(1), default=2, help="SLURM array tasks (default 2)")
     sweep.add_run_options(p, "task")
     return p
@@ -520,12 +520,10 @@ def main(argv: list[str] | None = None) -> int:
     storage = a.storage or os.path.join(log_dir, "study.journal")
     storage = re.sub(r"^sqlite:///(?=[^/])", f"sqlite:///{os.getcwd()}/", storage)  # absolute, for SLURM tasks
     storage = storage if "://" in storage else os.path.abspath(storage)
-    config = enqueued = None
+    sweep.check_modes(a, (*sweep.SLURM_ONLY, "dry_run"))  # a study here has no dry run
     if a.script in ("attach", "report") and "://" not in storage and not os.path.isfile(storage):
         raise SweepError(f"no study journal {storage}; give the --storage the study was started with")
-    if a.script not in ("attach", "report"):
-        sweep.check_modes(a)
-        config, enqueued = make_config(a, argv[cut + 1 :])
+    config, enqueued = (None, None) if a.script in ("attach", "report") else make_config(a, argv[cut + 1 :])
     if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
         attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
         attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]

@@ -279,6 +279,25 @@ def test_report_never_runs_code_in_a_checkpoint(tmp_path):
     assert table_row((tmp_path / "out" / "report.md").read_text(), name)[-1] == "running (20%)"
 
 
+def test_report_stale_runs_without_a_usable_checkpoint_or_events(tmp_path):
+    """A stale run whose checkpoint cannot be read is not told to resume from it; a run that died before its first
+    scalar (its event file holds the hyperparameters only) is stale since its file was written, not since 1970."""
+    runs, hours_ago = tmp_path / "runs", time.time() - 7200
+    write_run(
+        runs, "ALE_Pong-v5__ppo_atari__1__1700000000", returns=[1.0], return_steps=[2000], total=10000, t0=hours_ago
+    )
+    (runs / "ALE_Pong-v5__ppo_atari__1__1700000000" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    write_run(runs, "ALE_Pong-v5__ppo_atari__2__1700000000", total=10000)
+    for f in (runs / "ALE_Pong-v5__ppo_atari__2__1700000000").iterdir():
+        os.utime(f, (hours_ago, hours_ago))
+    res = run_report(runs, "--out", tmp_path / "out", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    first = table_row(res.stdout, "ALE_Pong-v5__ppo_atari__1__1700000000")[-1]
+    assert first == "stale at 20%: no event for 2h00m (crashed or killed?)"
+    second = table_row(res.stdout, "ALE_Pong-v5__ppo_atari__2__1700000000")[-1]
+    assert second == "stale at step 0: no event for 2h00m (crashed or killed?)"
+
+
 def test_report_shows_a_live_run_as_running(tmp_path):
     """A run whose process holds runs/<run>/.lock trains now, however long ago its last event was (a slow first
     iteration, a long evaluation) and whatever its last checkpoint says: "running", not "stale" or "stopped"; without

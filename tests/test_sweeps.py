@@ -241,8 +241,15 @@ def test_bad_input_is_one_error_line(engine, tmp_path):
         (["dqn_snake", "--", "--gpu", "fast"], {}, ["--gpu fast"]),
         (["dqn_snake"], {"PYTHON": "no-such-python-xyz"}, ["python interpreter 'no-such-python-xyz' not found"]),
         (["nope"], {}, ["name the grid first"]),
+        # a game, env, setting or seed listed twice: two runs would write one run's folder (and resume it twice)
+        (["ppo_atari", "--games", "Pong Breakout ALE/Pong-v5"], {}, ["ALE_Pong-v5__ppo_atari__1 twice"]),
+        (["dqn_snake", "--sizes", "10 10x10"], {}, ["Snake10x10__dqn_snake_vec_n256__1 twice"]),
+        (["ppo_continuous", "--seeds", "1 2 1"], {}, ["twice", "--seeds"]),
     ]:
         one_error(*engine(*args, "--dry-run", **env)[::2], *words)
+    (tmp_path / "bad.json").write_text("{")
+    for spec in ("none.json", "bad.json"):  # a SLURM task whose sweep file is gone or broken
+        one_error(*engine("task", tmp_path / spec, "0")[::2], "cannot read the sweep's runs", spec)
     res = wrapper("dqn_snake.sh", "--dry-run", "--cpus-per-run")
     assert res.returncode == 2 and res.stderr == "error: argument --cpus-per-run: expected one argument\n"
 

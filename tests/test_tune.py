@@ -87,6 +87,37 @@ def test_bad_input_gets_a_one_line_error(capsys, tmp_path, argv, words):
     assert not (tmp_path / "j").exists()  # no study was made
 
 
+def test_values_that_would_break_a_study_later_are_refused_up_front():
+    """Each of these used to pass the checks and fail later: a traceback when the study is made (after it was saved,
+    so that the corrected command was refused as a clash), in a worker's thread at its first trial, or silently."""
+    fields = tune.script_fields("ppo_continuous.py")
+    for spec in ("gamma=nan:0.99", "gamma=0.9:inf", "gamma=0.9,nan"):  # NumPy cannot draw from such a range
+        with pytest.raises(tune.SweepError, match="--gamma takes a value of type float, not '(nan|inf)'"):
+            tune.parse_param(spec, fields, "x")
+    space = dict([tune.parse_param("gamma=0.9:0.99", fields, "x")])  # Optuna drops an enqueued flag not searched
+    with pytest.raises(tune.SweepError, match="learning-rate is not searched"):
+        tune.parse_enqueue("gamma=0.95 learning-rate=1e-3", space, fields, "x")
+    for argv, words in [
+        (["--prune-startup", "-1"], "--prune-startup: must be an integer of at least 0"),
+        (["--stale-after", "-5"], "--stale-after: must be a number of at least 120"),  # live trials would be re-queued
+    ]:
+        with pytest.raises(tune.SweepError, match=words):
+            tune.build_parser().parse_args(["ppo_continuous.py", "--study-name", "s", *argv])
+    storage = optuna.storages.InMemoryStorage()  # any --sampler-seed, also after trials were added to it
+    for seed in (-1, 2**32 - 1):
+        study, _ = tune.load_study(storage, f"seed{seed}", {**CONFIG, "sampler_seed": seed})
+        study.enqueue_trial({"gamma": 0.95})
+        assert tune.load_study(storage, f"seed{seed}", None)[0].ask().params == {}
+
+
+def test_a_dry_run_is_for_slurm_only(tmp_path, capsys, monkeypatch):
+    """--dry-run without --slurm used to be ignored: the study ran for real."""
+    monkeypatch.setattr(tune, "open_storage", lambda url: pytest.fail("a dry run opened the study"))
+    for argv in (["ppo_continuous.py", "--param", "gamma=0.9:0.99"], ["attach"]):
+        assert tune.main([*argv, "--study-name", "s", "--storage", str(tmp_path / "j"), "--dry-run"]) == 2
+        assert capsys.readouterr().err == "error: --dry-run is a SLURM option; add --slurm (or drop it)\n"
+
+
 def test_report_and_attach_need_an_existing_study(tmp_path, capsys):
     for command in ("report", "attach"):
         assert tune.main([command, "--study-name", "s", "--storage", str(tmp_path / "none.journal")]) == 2
