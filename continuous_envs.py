@@ -177,7 +177,8 @@ class DeviceEnvs:
         rewards = (reward / (self.ret_rms.var + 1e-8) ** 0.5).clip(-10.0, 10.0).float()
         next_obs_n = self.obs_rms.normalize(next_obs, True).float()
         final = self.obs_rms.normalize(info["final_obs"], False).float()
-        rewards += self.gamma * value(final) * (truncated & ~terminated)
+        # where, not a product by the mask: a world that ended in a non-finite observation has a NaN value (NaN * 0)
+        rewards += torch.where(truncated & ~terminated, self.gamma * value(final), 0.0)
         self.discounted = self.discounted * ~done
         self.episodes.append((global_step, done, info["episode"]["r"], info["episode"]["l"]))
         return next_obs_n, rewards, done.float()

@@ -80,7 +80,8 @@ RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_mode", "log_every", "buffer_device",
 
 def validate(args: Args, device: torch.device | None = None) -> None:
     """Raise ValueError with the one-line message of the first setting that cannot work; with a ``device``, also a
-    replay memory larger than the memory free there (not for --eval-checkpoint, which makes none)."""
+    replay memory, or an n-step ring beside it, larger than the memory free there (not for --eval-checkpoint, which
+    makes neither)."""
     h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
     epsilons = (args.start_e, args.end_e, args.eval_epsilon)
     frequency, fraction = args.target_network_frequency, args.exploration_fraction
@@ -99,8 +100,9 @@ def validate(args: Args, device: torch.device | None = None) -> None:
             f"--updates-per-step must be at least 0, got {args.updates_per_step}": args.updates_per_step >= 0,
             f"--target-network-frequency must be at least 1, got {frequency}": frequency >= 1,
             f"--exploration-fraction must be in (0, 1], got {fraction}": 0 < fraction <= 1,
-            f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": (
-                0 <= min(epsilons) and max(epsilons) <= 1
+            # each epsilon on its own: min() and max() of them skip a NaN
+            f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": all(
+                0 <= epsilon <= 1 for epsilon in epsilons
             ),
             f"--learning-starts must be at least 0, got {args.learning_starts}": args.learning_starts >= 0,
             f"--log-every must be at least 1 (env steps), got {args.log_every}": args.log_every >= 1,
@@ -118,6 +120,16 @@ def validate(args: Args, device: torch.device | None = None) -> None:
         raise ValueError(
             f"--buffer-size {buffer_size} on {h}x{w} boards needs {need}, more than the "
             f"{free / 2**30:.1f} GiB free on {replay_device}; lower --buffer-size or the board size"
+        )
+    # the n-step ring holds two observations of every game per step on the training device
+    ring_bytes = 2 * args.n_step * n * 4 * h * w
+    free = gpu_utils.free_memory(device)
+    left = None if free is None else free - (replay_bytes if replay_device == device else 0)
+    if left is not None and ring_bytes > left:
+        raise ValueError(
+            f"--n-step {args.n_step} with --num-envs {n} on {h}x{w} boards needs {ring_bytes / 2**30:.1f} GiB for the "
+            f"n-step ring, more than the {left / 2**30:.1f} GiB free on {device} besides the replay memory; lower "
+            "--n-step or --num-envs"
         )
 
 
@@ -441,7 +453,7 @@ if __name__ == "__main__":
     learning_step = gpu_utils.CudaGraph.requested(
         learning_step, args.cudagraphs, graph_blockers, "training step", holds, micro=micro
     )
-    recorder = run_utils.VideoRecorder(f"videos/{run_name}", fps=10) if args.capture_video else None
+    recorder = run_utils.VideoRecorder(run.video_folder, fps=10) if args.capture_video else None
     video_frames = []  # game 0's observation after each step of this log window, and whether its game ended
     video_ends = []
     learning = False

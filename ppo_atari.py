@@ -24,7 +24,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
-    """seed of the experiment (process rank r under torchrun uses seed + r for sampling)"""
+    """seed of the experiment, 0 to 2**30 - 1 (process rank r under torchrun uses seed + r for sampling)"""
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
 
@@ -92,6 +92,7 @@ def validate(args: Args, world_size: int) -> None:
             f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"': (
                 args.env_id in gym.envs.registry and args.env_id[:4] == "ALE/" and args.env_id[-3:] == "-v5"
             ),
+            f"--seed must be from 0 to 2**30 - 1, got {args.seed}": 0 <= args.seed < 2**30,
             f"--env-threads must be at least 0 (0: the run's CPU threads), got {args.env_threads}": (
                 args.env_threads >= 0
             ),
@@ -336,8 +337,7 @@ def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
     cut = np.flatnonzero(np.logical_and(truncated, np.logical_not(terminated)))
     values = np.zeros(len(truncated), dtype=np.float32)
     if len(cut):
-        obs = torch.as_tensor(np.stack([final_obs[i] for i in cut]), device=device)
-        values[cut] = agent(obs)[1].cpu().numpy()
+        values[cut] = agent(torch.as_tensor(np.asarray(final_obs)[cut], device=device))[1].cpu().numpy()
     return values
 
 
@@ -360,8 +360,7 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
     while np.isnan(first_scores).any():
         obs, reward, terminated, truncated, info = envs.step(act(torch.as_tensor(obs, device=device)).cpu().numpy())
         _, _, game_over, scores, _ = tracker.step(reward, terminated, truncated, info["lives"])
-        first = game_over & np.isnan(first_scores)
-        first_scores[first] = scores[first]
+        first_scores = np.where(game_over & np.isnan(first_scores), scores, first_scores)
     return first_scores
 
 
@@ -508,13 +507,13 @@ if __name__ == "__main__":
     )
 
     # ---------------- training loop
-    env_seed = args.seed * 10_000 + rank * args.num_envs + (start_iteration - 1) * 7919  # new games after resume
+    env_seed = (args.seed * 10_000 + (start_iteration - 1) * 7919) % 2**30 + rank * args.num_envs  # new games on resume
     storage = (obs, actions, logprobs, values, next_obs, host_rewards.numpy(), host_dones.numpy())
     if args.async_envs:  # one vector env that hands back the first envs to finish; it resets them itself
         rollout = AsyncRollout(env_groups[0], env_seed, storage)
     else:
         rollout = Rollout(env_groups, env_rows, env_seed, storage, pin)
-    recorder = run_utils.VideoRecorder(f"videos/{run_name}", fps=15) if args.capture_video and is_main else None
+    recorder = run_utils.VideoRecorder(run.video_folder, fps=15) if args.capture_video and is_main else None
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()

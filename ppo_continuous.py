@@ -142,7 +142,11 @@ def validate(args: Args, evaluating: bool) -> None:
     enough = f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} = envs x steps)"
     worlds = f"--sim mjx has {', '.join(mjx_envs.TASKS)}, not {args.env_id}; use --sim cpu for it"
     mjx_only = "--sim mjx steps every env on the device: drop --subproc and --capture-video"
-    checks = {enough: evaluating or args.total_timesteps >= batch_size}
+    preset = "--preset worlds is 4,096 envs for --sim mjx: add --sim mjx, or use --preset fast, heavy or beast"
+    checks = {
+        enough: evaluating or args.total_timesteps >= batch_size,
+        preset: args.preset != "worlds" or args.sim == "mjx",
+    }
     if args.sim == "mjx" and not evaluating:  # the extra, before the run writes anything
         extra = mjx_envs.missing_extra(args.mjx_impl)
         checks |= {worlds: args.env_id in mjx_envs.TASKS, mjx_only: not (args.subproc or args.capture_video)}
@@ -159,7 +163,7 @@ def hidden_sizes(arch: str) -> list[int]:
 
 # ---------------------------------------------------------------- environment
 # One env as CleanRL makes it; continuous_envs applies CleanRL's wrappers to all envs at once (HostEnvs, DeviceEnvs).
-def make_env(env_id, idx, capture_video, run_name, in_subprocess):
+def make_env(env_id, idx, capture_video, video_folder, in_subprocess):
     parent = os.getpid()
 
     def thunk():
@@ -173,7 +177,7 @@ def make_env(env_id, idx, capture_video, run_name, in_subprocess):
         continuous_envs.warn_once_per_process()
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+            env = gym.wrappers.RecordVideo(env, video_folder)
         if len(env.observation_space.shape or ()) != 1:
             env = gym.wrappers.FlattenObservation(env)
         return DropInfo(env)
@@ -346,18 +350,18 @@ if __name__ == "__main__":
     # ---------------- logging
     start_step = ckpt["global_step"] if ckpt else 0
     total_steps = num_iterations * batch_size
-    with run_utils.one_line_errors():  # another process may be training in this run folder
+    with run_utils.one_line_errors():  # MJX's worlds first: a jaxlib that refuses this device writes no run folder
+        placed = dict(seed=args.seed, device=device, impl=args.mjx_impl)
+        worlds = mjx_envs.MJXVectorEnv(args.env_id, args.num_envs, **placed) if args.sim == "mjx" else None
         run = run_utils.Run(args, "ppo_continuous", run_name, ckpt, device, cpu_share, total_steps, start_step)
 
     # ---------------- env and network: clipping, normalisation and the time-limit bootstrap in continuous_envs
-    if args.sim == "mjx":  # every env a world of one batch on the device
-        with run_utils.one_line_errors():  # a jaxlib that cannot step MJX on this device, say
-            worlds = mjx_envs.MJXVectorEnv(
-                args.env_id, args.num_envs, seed=args.seed, device=device, impl=args.mjx_impl
-            )
+    if worlds is not None:  # every env a world of one batch on the device
         envs = continuous_envs.DeviceEnvs(worlds, args.gamma, device, ckpt)
     else:
-        fns = [make_env(args.env_id, i, args.capture_video, run_name, args.subproc) for i in range(args.num_envs)]
+        fns = [
+            make_env(args.env_id, i, args.capture_video, run.video_folder, args.subproc) for i in range(args.num_envs)
+        ]
         envs = continuous_envs.HostEnvs(fns, args.subproc, args.gamma, device, ckpt)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)

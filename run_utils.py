@@ -66,7 +66,7 @@ class RunArgs:
     """the entity (team) of the wandb project"""
     capture_video: bool = False
     """record env 0's episodes to videos/<run_name> on a capped cubic schedule (episodes 0, 1, 8, 27, ..., 729, then
-    every 1000th)"""
+    every 1000th; a resumed leg's to videos/<run_name>/resumed-at-step-<N>)"""
     progress_bar: bool = True
     """show a progress bar (off: a log line at each logging interval)"""
     checkpoint_every: int = 100
@@ -116,6 +116,10 @@ def shared_checks(args) -> dict[str, bool]:
     fields = vars(args)
     every = args.checkpoint_every
     checks = {
+        f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0
+        <= args.seed
+        < 2**32,  # numpy's seeding takes no other
+        "--resume trains and --eval-checkpoint evaluates: pass one": not (args.resume and args.eval_checkpoint),
         f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
         f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
         f"--eval-episodes must be at least 1, got {args.eval_episodes}": args.eval_episodes >= 1,
@@ -123,12 +127,12 @@ def shared_checks(args) -> dict[str, bool]:
     }
     if "gae_lambda" not in fields:
         return checks
-    coefs = (args.ent_coef, args.vf_coef)
     checks |= {
         f"--gae-lambda must be in [0, 1], got {args.gae_lambda}": 0.0 <= args.gae_lambda <= 1.0,
         f"--gamma must be in [0, 1], got {args.gamma}": 0.0 <= args.gamma <= 1.0,
         f"--clip-coef must be positive, got {args.clip_coef}": args.clip_coef > 0,
-        f"--ent-coef and --vf-coef must be at least 0, got {coefs[0]} and {coefs[1]}": min(coefs) >= 0,
+        f"--ent-coef must be at least 0, got {args.ent_coef}": args.ent_coef >= 0,
+        f"--vf-coef must be at least 0, got {args.vf_coef}": args.vf_coef >= 0,
         f"--target-kl must be positive (or left unset), got {args.target_kl}": (
             args.target_kl is None or args.target_kl > 0
         ),
@@ -235,9 +239,15 @@ def load_checkpoint(path: str, script: str, owns: Callable[[dict], bool], traini
 
 
 def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
-    """--resume: the run's settings come from the checkpoint; how and where it runs (``runtime_flags``) from the
-    command line."""
-    vars(args).update({k: v for k, v in ckpt["args"].items() if k not in runtime_flags and hasattr(args, k)})
+    """--resume: the run's settings come from the checkpoint, saying which typed ones it overrides; how and where it
+    runs (``runtime_flags``) from the command line."""
+    settings = {k: v for k, v in ckpt["args"].items() if k not in runtime_flags and hasattr(args, k)}
+    defaults = vars(type(args)())
+    typed = [k for k, v in settings.items() if getattr(args, k) not in (v, defaults.get(k))]
+    if typed:
+        flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)} (the run's {settings[k]})" for k in typed)
+        print(f"note: --resume continues the run with its own settings, not {flags}; start a new run to change them")
+    vars(args).update(settings)
 
 
 def exit_if_done(ckpt: dict | None, num_iterations: int, path: str | None, is_main: bool = True) -> None:
@@ -375,7 +385,10 @@ class Run:
         self.args = args
         self.script = script
         self.name = name
-        self.dir = os.path.join("runs", name)
+        self.dir = (os.path.dirname(args.resume) or ".") if ckpt else os.path.join("runs", name)  # from any folder
+        videos = os.path.join(os.path.dirname(os.path.dirname(self.dir)), "videos", name)  # beside runs/
+        # a resumed leg's videos in a folder of their own: its games count from 0 again, and must not overwrite
+        self.video_folder = os.path.join(videos, f"resumed-at-step-{start_step}") if ckpt else videos
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
         self.device = device
         self.cpu_share = cpu_share

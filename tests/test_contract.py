@@ -96,11 +96,20 @@ def test_a_file_that_is_no_checkpoint_is_one_line_error(script, flag, tmp_path):
     [
         ("--learning-rate", "-1", ["--learning-rate must be at least 0, got -1.0"]),  # was torch's bare traceback
         ("--checkpoint-every", "-1", ["--checkpoint-every must be at least 0", "got -1"]),  # was: every iteration
+        ("--seed", str(2**32), ["--seed must be from 0 to 2**", "got 4294967296"]),  # was numpy's bare traceback
     ],
 )
 def test_settings_shared_by_every_script_are_checked_the_same_way(script, flag, value, words, tmp_path):
     assert_one_line_error(cli(script, [*TINY[script], flag, value], tmp_path), *words)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_with_eval_checkpoint_is_one_line_error(script, finished, tmp_path):
+    """Before: a finished run's --resume said 'nothing to do' and did not evaluate; an unfinished one's was ignored."""
+    run_dir = finished(script)
+    args = ["--resume", run_dir / "checkpoint.pt", "--eval-checkpoint", run_dir / f"{script}.model"]
+    assert_one_line_error(cli(script, args, tmp_path), "--resume trains and --eval-checkpoint evaluates: pass one")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -153,10 +162,13 @@ def test_sigterm_checkpoint_then_resume_reaches_total(script, tmp_path):
     ckpt["args"]["total_timesteps"] = total  # shorten the run so the test stays fast
     torch.save(ckpt, ckpt_path)
     log_every = ["--log-every", "32"] if script == "dqn_snake_vec" else []  # a runtime flag: not kept in the run
-    res = run(script, ["--resume", ckpt_path, *log_every], tmp_path)
+    elsewhere = tmp_path / "elsewhere"  # resumed from another folder: it still continues the run's own folder
+    elsewhere.mkdir()
+    res = run(script, ["--resume", ckpt_path, *log_every], elsewhere)
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"at step {stopped}" in res.stdout and f"step {total}, SPS" in res.stdout, res.stdout
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
+    assert not (elsewhere / "runs").exists()  # before: a second run folder there, the logs split between the two
     assert run_utils.read_checkpoint(ckpt_path)["status"] == "finished"
     steps = [step for step, _ in scalars(Path(ckpt_path).parent)["charts/learning_rate"]]  # every iteration, both legs
     assert steps == list(range(steps[0], total + 1, BATCH[script])), steps  # no gap, no repeat

@@ -524,9 +524,31 @@ def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"at step {32 * k}" in res.stdout and f"step {32 * (k + 4)}, SPS" in res.stdout
     assert re.search(r"learning_rate\s+0.0005\s+\(checkpoint\)", res.stdout)
+    note = "note: --resume continues the run with its own settings, not --num-envs 8 (the run's 32), --learning-rate"
+    assert note in res.stdout  # before: the typed flags were dropped without a word
     final = run_utils.read_checkpoint(ckpt_path)
     assert final["iteration"] == k + 4 and final["status"] == "finished"
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
+
+
+def test_a_resumed_run_writes_its_videos_beside_the_earlier_ones(tmp_path):
+    """Before: the resumed leg counted game 0's episodes from 0 again and wrote episode-0.mp4 and episode-1.mp4 over
+    the first leg's videos of those games. Now each resumed leg has a folder of its own."""
+    args = ["--num-envs", 8, "--batch-size", 8, "--buffer-size", 64, "--learning-starts", 10**6, "--log-every", 64]
+    args += ["--height", 5, "--width", 5, "--capture-video"]
+    res = run([*args, "--total-timesteps", 96], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    first = {path: open(path, "rb").read() for path in glob.glob(str(tmp_path / "videos" / "*" / "*.mp4"))}
+    assert {os.path.basename(path) for path in first} == {"episode-0.mp4", "episode-1.mp4"}
+    ckpt = run_utils.read_checkpoint(ckpt_path)
+    ckpt["args"]["total_timesteps"] = 320
+    torch.save(ckpt | {"status": "stopped"}, ckpt_path)
+    res = run(["--resume", ckpt_path, "--capture-video"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert all(open(path, "rb").read() == video for path, video in first.items())
+    resumed = glob.glob(str(tmp_path / "videos" / "*" / f"resumed-at-step-{ckpt['global_step']}" / "*.mp4"))
+    assert {os.path.basename(path) for path in resumed} >= {"episode-0.mp4", "episode-1.mp4"}
 
 
 def test_a_replay_memory_larger_than_the_free_memory_is_refused_at_start(tmp_path):
@@ -546,11 +568,25 @@ def test_a_replay_memory_larger_than_the_free_memory_is_refused_at_start(tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
+def test_an_n_step_ring_larger_than_the_free_memory_is_refused_at_start(tmp_path):
+    """The n-step ring holds 2 x n x N observations on the training device: one that cannot fit was a traceback from
+    the allocator after the run folder had been made."""
+    import gpu_utils
+
+    if gpu_utils.free_memory(torch.device("cpu")) is None:
+        pytest.skip("the free memory cannot be read here")
+    res = refuse(["--n-step", 10**9, "--total-timesteps", 1024, "--gpu", "false"], tmp_path)
+    assert_one_line_error(res, "error: --n-step 1000000000 with --num-envs 256 on 10x10 boards needs ")
+    assert "GiB free on cpu besides the replay memory; lower --n-step or --num-envs" in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_bad_input_is_one_line_error(tmp_path):
     res = run(["--height", 2], tmp_path)  # in a fresh interpreter; the other cases below raise in this process
     assert_one_line_error(res, "error: --height and --width must be at least 3")
     res = refuse(["--env-mode", "bogus"], tmp_path)  # a Literal flag: tyro refuses it and names the choices
     assert res.returncode == 2 and "'bogus'" in res.stderr and "'sparse'" in res.stderr
+    assert_one_line_error(refuse(["--seed", -1], tmp_path), "error: --seed must be from 0 to 2**32 - 1, got -1")
 
 
 @pytest.mark.parametrize(
@@ -571,6 +607,12 @@ def test_bad_input_is_one_line_error(tmp_path):
         (dict(learning_starts=-5), "--learning-starts must be at least 0"),
         (dict(log_every=0), "--log-every must be at least 1"),
         (dict(checkpoint_every=-1), "--checkpoint-every must be at least 0"),
+        # NaN fails every comparison: min() and max() of the three epsilons skipped a NaN that was not the first
+        (dict(end_e=float("nan")), r"--start-e, --end-e and --eval-epsilon must be in \[0, 1\], got \(1.0, nan"),
+        (dict(eval_epsilon=float("nan")), r"--start-e, --end-e and --eval-epsilon must be in \[0, 1\]"),
+        # numpy's generator takes seeds in [0, 2**32): others were a traceback from run_utils.seed
+        (dict(seed=-1), r"--seed must be from 0 to 2\*\*32 - 1, got -1"),
+        (dict(seed=2**32), r"--seed must be from 0 to 2\*\*32 - 1, got 4294967296"),
     ],
 )
 def test_bad_arguments_are_rejected(changes, needle):

@@ -220,10 +220,13 @@ BAD_INPUT_BASE = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "
         (["--gae-lambda", "1.5"], "--gae-lambda"),
         (["--gamma", "2"], "--gamma must be in [0, 1], got 2.0"),
         (["--clip-coef", "-1"], "--clip-coef must be positive"),
-        (["--ent-coef", "-0.01"], "--ent-coef and --vf-coef must be at least 0"),
+        (["--ent-coef", "-0.01"], "--ent-coef must be at least 0, got -0.01"),
+        (["--vf-coef", "nan"], "--vf-coef must be at least 0, got nan"),  # min() of the two coefficients skipped it
         (["--max-grad-norm", "-1"], "--max-grad-norm must be positive"),  # would flip the gradients
         (["--target-kl", "-1"], "--target-kl must be positive"),  # would stop every update after one epoch
         (["--env-threads", "-3"], "--env-threads must be at least 0"),
+        (["--seed", "-1"], "--seed must be from 0 to 2**30 - 1, got -1"),  # was numpy's traceback
+        (["--seed", str(2**30)], "--seed must be from 0 to 2**30 - 1"),
         (["--minibatch-size", "7"], "valid sizes near it"),
         (
             ["--num-minibatches", "5"],
@@ -246,6 +249,20 @@ def test_bad_input_gives_one_line_error(args, needle, tmp_path, bad_checkpoint):
     if "--minibatch-size" not in args and "--num-minibatches" not in args:
         base = [*base, "--minibatch-size", "16"]
     assert_one_line_error(run_in_process(SCRIPT, [*base, *args], tmp_path), needle)
+
+
+def test_a_large_seed_runs_and_resumes(tmp_path):
+    """Before: env i was seeded with seed * 10,000 + i (+ 7,919 per iteration on --resume), past the int32 that ale-py
+    takes from --seed 214,749 on (or on the resume of a long run with a smaller one): a bare TypeError at start."""
+    out = run([*TINY, "--total-timesteps", "32", "--seed", str(2**30 - 1), "--checkpoint-every", "1"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    (path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["iteration"] = 10**6  # a long run's resume: the seeds of its new games move on 7,919 per iteration
+    ckpt["args"]["total_timesteps"] = 32 * (10**6 + 1)
+    torch.save(ckpt, path)
+    out = run(["--resume", path, "--checkpoint-every", "0", "--no-progress-bar"], tmp_path, timeout=60)
+    assert out.returncode == 0 and "resumed" in out.stdout, out.stderr[-2000:]
 
 
 def test_a_checkpoint_that_does_not_fit_is_one_line_error(tmp_path, bad_checkpoint):

@@ -117,7 +117,7 @@ def test_discrete_env_gives_one_line_error(tmp_path):
         (["--gamma", "1.01"], "--gamma must be in"),
         (["--learning-rate", "-1"], "--learning-rate must be at least 0"),
         (["--clip-coef", "0"], "--clip-coef must be positive"),
-        (["--vf-coef", "-0.5"], "--ent-coef and --vf-coef must be at least 0"),
+        (["--vf-coef", "-0.5"], "--vf-coef must be at least 0, got -0.5"),
         (["--max-grad-norm", "0"], "--max-grad-norm must be positive"),
         (["--target-kl", "0"], "--target-kl must be positive"),
         (
@@ -127,6 +127,9 @@ def test_discrete_env_gives_one_line_error(tmp_path):
         (["--minibatch-size", "64", "--num-minibatches", "32"], "not both"),
         (["--num-envs", "0"], "at least 1"),
         (["--num-steps", "0"], r"--update-epochs must be at least 1, got \(1, 0, 10\)"),
+        (["--seed", "-1"], r"--seed must be from 0 to 2\*\*32 - 1, got -1"),  # numpy's seeding: a traceback before
+        (["--seed", str(2**32)], r"--seed must be from 0 to 2\*\*32 - 1, got 4294967296"),
+        (["--preset", "worlds"], "--preset worlds is 4,096 envs for --sim mjx"),  # was 4,096 gymnasium envs at once
     ],
 )
 def test_bad_settings_raise_one_line_errors(argv, match):

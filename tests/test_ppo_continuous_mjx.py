@@ -17,6 +17,7 @@ from helpers import scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import continuous_envs  # noqa: E402
 import mjx_envs  # noqa: E402
 import ppo_continuous as pc  # noqa: E402
 
@@ -55,6 +56,56 @@ def test_without_the_extra_the_run_says_what_to_install(monkeypatch, tmp_path):
     pc.resolve_args(args)
     with pytest.raises(ValueError, match=r'--sim mjx: MJX envs need jax: pip install -e "\.\[mjx\]"'):
         pc.validate(args, evaluating=False)
+
+
+@NEEDS_MJX
+def test_worlds_that_cannot_run_here_are_refused_before_the_run_writes_anything(tmp_path):
+    """Before: the worlds were built after the run had made its folder, so a refusal of this machine's JAX (a jaxlib
+    that can hang on the CPU, no CUDA plugin for the GPU) left an empty run in runs/ behind its one-line error."""
+    patched = "import runpy, sys, mjx_envs; mjx_envs.cpu_deadlock_risk = lambda version: True; "
+    patched += "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    argv = [str(ROOT / "ppo_continuous.py"), *WORLDS, "--total-timesteps", "2048", "--gpu", "false"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", patched, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "can hang MJX on the CPU" in res.stderr, res.stdout + res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+class NaNWorlds:
+    """Two worlds as MJXVectorEnv returns them: world 0 ends in a non-finite observation (InvertedPendulum's rule
+    terminates it, with a finite reward), world 1 is cut short by the time limit."""
+
+    num_envs = 2
+    single_action_space = pc.gym.spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
+    single_observation_space = pc.gym.spaces.Box(-np.inf, np.inf, (2,), dtype=np.float32)
+
+    def reset(self, seed):
+        return torch.zeros(2, 2), {}
+
+    def step(self, action):
+        final_obs = torch.tensor([[float("nan"), float("nan")], [0.5, -0.5]])
+        episode = {"r": torch.tensor([3.0, 4.0]), "l": torch.tensor([3, 4], dtype=torch.int32)}
+        done = torch.tensor([True, True])
+        info = {"final_obs": final_obs, "episode": episode, "_episode": done}
+        return (
+            torch.zeros(2, 2),
+            torch.tensor([1.0, 1.0]),
+            torch.tensor([True, False]),
+            torch.tensor([False, True]),
+            info,
+        )
+
+
+def test_a_world_that_ends_in_a_non_finite_observation_keeps_its_reward_finite():
+    """Before: DeviceEnvs multiplied every world's bootstrap value by its mask, and NaN * 0 is NaN: one world that
+    terminated in a NaN observation made its reward NaN, and so the GAE and the whole update."""
+    envs = continuous_envs.DeviceEnvs(NaNWorlds(), 0.99, torch.device("cpu"))
+    envs.reset(seed=0)
+    value = lambda obs: obs.sum(1) * 0.0 + 2.0  # noqa: E731 - a critic: NaN for a NaN observation, else 2
+    _, rewards, dones = envs.step(torch.zeros(2, 1), value, global_step=2)
+    # each reward scaled (its return's std is tiny: clipped to 10); world 1's bootstraps from its last observation
+    assert rewards.tolist() == pytest.approx([10.0, 10.0 + 0.99 * 2.0])
+    assert dones.tolist() == [1.0, 1.0]
 
 
 @NEEDS_MJX
