@@ -429,14 +429,24 @@ def main(argv: list[str] | None = None) -> int:
         raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
     os.makedirs(a.out, exist_ok=True)
     now = time.time()
-    tables = [*group_table(runs, refs, a.last_n, now, a.running_window), "", "Per run:", ""]
+    # a seed per script and env: the run that got furthest (a seed restarted after a stop before its first checkpoint
+    # left an earlier folder); the per-run table lists them all
+    furthest = {(r.exp, r.env, r.seed): r for r in sorted(runs, key=lambda r: (r.last_step, r.name))}
+    seeds = [r for r in runs if furthest[r.exp, r.env, r.seed] is r]
+    tables = [*group_table(seeds, refs, a.last_n, now, a.running_window), ""]
+    if len(seeds) < len(runs):
+        tables += [
+            f"{len(runs) - len(seeds)} run folders repeat a seed of their group, which counts its furthest run",
+            "",
+        ]
+    tables += ["Per run:", ""]
     tables += [*run_table(runs, a.last_n, now, a.running_window), *segments_section(runs), *stats_section(runs), ""]
     table = "\n".join([*tables, *references_section(sorted({r.env for r in runs}), refs)]) + "\n"
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = [f"# Results from `{a.runs_dir}`", "", f"Generated {generated}.", "", table]
     body += [] if a.no_plots else ["## Learning curves\n"]
     for env in [] if a.no_plots else sorted({r.env for r in runs}):
-        path = plot_env(env, [r for r in runs if r.env == env], a.out, SMOOTH)
+        path = plot_env(env, [r for r in seeds if r.env == env], a.out, SMOOTH)
         body.append(f"![{env}]({os.path.basename(path)})\n" if path else f"{env}: no episodes yet\n")
     skipped = sorted(d for d, run in loaded.items() if run is None)
     if skipped:

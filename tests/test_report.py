@@ -447,3 +447,19 @@ def test_reference_scores_file():
     assert all(r["their_env"] == r["env"] for r in rows if r["source"].startswith("SLM-Lab"))  # the same v5 envs
     v4 = [r for r in rows if "NoFrameskip-v4" in r["their_env"]]
     assert v4 and all("no sticky actions" in r["protocol"] for r in v4)
+
+
+def test_report_counts_a_restarted_seed_once(tmp_path):
+    """A seed started again (its first folder stopped before any checkpoint) left two folders: they counted as two
+    seeds in the group's mean, std and curve. Now the group takes the one that got furthest; the per-run table keeps
+    both."""
+    runs = tmp_path / "runs"
+    write_run(runs, "Hopper-v5__ppo_continuous__1__1000", returns=[5.0] * 3)  # stopped early, then started again
+    write_run(runs, "Hopper-v5__ppo_continuous__1__2000", returns=[100.0] * 20)
+    write_run(runs, "Hopper-v5__ppo_continuous__2__1000", returns=[200.0] * 20)
+    res = run_report(runs, "--out", tmp_path / "out", "--refs", "", "--last-n", 10, "--no-plots")
+    assert res.returncode == 0, res.stderr
+    row = table_row(res.stdout, "ppo_continuous", "Hopper-v5")
+    assert row[2] == "2" and row[3] == "150.0 ± 70.7" and row[4] == "2,000", row
+    assert "1 run folders repeat a seed of their group, which counts its furthest run" in res.stdout
+    assert "| Hopper-v5__ppo_continuous__1__1000 |" in res.stdout  # still in the per-run table
