@@ -142,8 +142,9 @@ def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=Non
                 stop(proc)
             res.wall = time.perf_counter() - start
     except BaseException:  # Ctrl-C reaches only this tool: the runs have sessions of their own
-        for _, _, proc in runs:
+        for _, tmp, proc in runs:
             stop(proc, wait=False)
+            shutil.rmtree(tmp, ignore_errors=True)  # as a normal end does: no speed_* folders left behind
         raise
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # all the runs': one run's when alone

@@ -216,6 +216,10 @@ def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> 
 
 
 def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///path, postgresql://...)
+    if "://" not in url and os.path.isfile(url):
+        with open(url, "rb") as f:
+            if f.read(16) == b"SQLite format 3\x00":  # read as a journal, it would hold no study
+                raise SweepError(f"{url} is an SQLite database, not a journal: pass --storage sqlite:///{url}")
     try:
         if "://" in url:
             timeout = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
@@ -304,16 +308,23 @@ class Worker:
         task = os.environ.get("SLURM_ARRAY_TASK_ID")
         self.worker = f"slurm {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}" if task else f"local pid {os.getpid()}"
 
-    def run(self) -> int:  # the slots' threads until they end (this thread takes the signals)
-        self.stopper = sweep.Stopper()
+    def run(self) -> str:  # the slots' threads until they end (this thread takes the signals): why it stopped, or ""
+        self.stopper, self.failure = sweep.Stopper(), ""
         threads = [threading.Thread(target=self.loop, args=(slot,)) for slot in self.slots]
         for thread in threads:
             thread.start()
         while any(thread.is_alive() for thread in threads):
             time.sleep(0.5)
-        return 130 if self.stopper.stopping else 0
+        return self.failure or ("stopped" if self.stopper.stopping else "")
 
     def loop(self, slot: sweep.Slot) -> None:
+        try:
+            self.trials(slot)
+        except Exception as exc:  # a storage error, say: the tuner stops (its trials are queued again), not as if done
+            self.failure = self.failure or f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+            self.stopper.stop()
+
+    def trials(self, slot: sweep.Slot) -> None:
         """One slot's trials, one after the other; each ends complete, pruned, failed (tune:end says why), or queued
         again when the tuner stops."""
         while not self.stopper.stopping:
@@ -548,8 +559,12 @@ def main(argv: list[str] | None = None) -> int:
         say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
         return 0
     say(f"study {a.study_name} in {storage}: {config['trials']} trials of {config['script']}; logs in {log_dir}")
-    if Worker(study, config, a, log_dir).run():
-        say(f"stopped: the same command (or tune.py attach --study-name {a.study_name} ...) continues the study")
+    stopped = Worker(study, config, a, log_dir).run()
+    if stopped:
+        continues = f"the same command (or tune.py attach --study-name {a.study_name} ...) continues the study"
+        if stopped != "stopped":
+            raise SweepError(f"the tuner failed ({stopped}); once that is mended, {continues}")
+        say(f"stopped: {continues}")
         return 130
     if any(t.state.name == "RUNNING" for t in study.trials):
         say("this worker is done; trials still run elsewhere: `tune.py report` when they end")

@@ -124,6 +124,12 @@ def test_report_and_attach_need_an_existing_study(tmp_path, capsys):
         assert "no study journal" in capsys.readouterr().err and not (tmp_path / "none.journal").exists()
     assert tune.main(["report", "--study-name", "s", "--storage", f"sqlite:///{tmp_path}/x.db"]) == 2
     assert "no study s in this storage" in capsys.readouterr().err
+    # the database given as a path: read as a journal, it said "no study s in this storage"
+    assert tune.main(["report", "--study-name", "s", "--storage", str(tmp_path / "x.db")]) == 2
+    assert (
+        f"{tmp_path / 'x.db'} is an SQLite database, not a journal: pass --storage sqlite:///"
+        in capsys.readouterr().err
+    )
 
 
 def test_slurm_dry_run_prints_the_array_and_makes_nothing(tmp_path, capsys):
@@ -138,6 +144,21 @@ def test_slurm_dry_run_prints_the_array_and_makes_nothing(tmp_path, capsys):
         r"^exec \S+python\S* \S+/benchmark/tune.py attach --study-name s --storage \S+study.journal", out, re.M
     )
     assert not journal.exists()
+
+
+def test_a_worker_thread_that_fails_ends_the_tuner_with_one_error_line(tmp_path, capsys, monkeypatch):
+    """Before: the thread died with a traceback, and the tuner said 'this worker is done; trials still run elsewhere'
+    and exited 0."""
+    monkeypatch.setattr(tune, "RUNS_DIR", str(tmp_path))
+    monkeypatch.setattr(tune, "recover_stale", lambda *args: (_ for _ in ()).throw(OSError("disk I/O error")))
+    argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(tmp_path / "j"), "--param", "gamma=0.9:0.99"]
+    assert tune.main([*argv, "--log-dir", str(tmp_path / "logs"), "--jobs", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "error: the tuner failed (OSError: disk I/O error); once that is mended, the same command (or tune.py attach "
+        "--study-name s ...) continues the study\n"
+    )
+    assert "worker is done" not in captured.out
 
 
 def test_the_value_is_read_from_event_files_as_they_grow(tmp_path, monkeypatch):
