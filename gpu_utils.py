@@ -86,7 +86,7 @@ def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None =
         rank = f" + local rank {local_rank}" if local_world > 1 else ""
         return torch.device("cuda", index), f"--gpu {text}, session {session}{rank} + offset {offset} of {count} GPUs"
     index_text = text.removeprefix("cuda:")
-    if not index_text.isdigit():
+    if not index_text.isdecimal():
         raise DeviceError(f"--gpu {gpu!r} is not understood; use auto, true, false, a GPU index N or cuda:N")
     index = int(index_text)
     if index >= count:
@@ -171,7 +171,8 @@ class ThreadBudget:
 
 def thread_budget(requested: int = 0) -> ThreadBudget:
     """The CPU threads one run should use: ``requested`` (``--num-threads``) when given, else the CPUs it may run on
-    (its affinity, which ``taskset`` and schedulers set), capped by ``SLURM_CPUS_PER_TASK`` and ``OMP_NUM_THREADS``."""
+    (its affinity, which ``taskset`` and schedulers set), capped by ``SLURM_CPUS_PER_TASK`` and ``OMP_NUM_THREADS``;
+    ``why`` names the variable that capped it, or the first one set (an explicit budget either way)."""
     if requested < 0:
         raise ValueError(f"--num-threads must be 0 (automatic) or positive, got {requested}")
     if requested:
@@ -179,9 +180,9 @@ def thread_budget(requested: int = 0) -> ThreadBudget:
     threads, why = available_cpus(), "CPU affinity"
     for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
         head = os.environ.get(var, "").split(",")[0].strip()  # OMP_NUM_THREADS=4,2: 4 at the outer level
-        value = int(head) if head.isdigit() else 0
-        if 0 < value < threads:
-            threads, why = value, var
+        value = int(head) if head.isdecimal() else 0
+        if 0 < value < threads or (value and why == "CPU affinity"):  # set: an explicit budget, never above
+            threads, why = min(value, threads), var
     return ThreadBudget(max(1, threads), why)
 
 
@@ -384,7 +385,7 @@ def choose_batch_size(
         if text == "auto":
             limit = total if target is None else max(1, target)
             return max(d for d in divisors_of_total if d <= limit)
-        if not text.isdigit():
+        if not text.isdecimal():
             raise BatchSizeError(f"batch size {requested!r} must be 'auto' or a positive integer")
         requested = int(text)
     if requested < 1 or total % requested != 0:
@@ -402,7 +403,7 @@ def parse_micro_batch(text: str, rows: int) -> int:
     value = text.strip().lower()
     if value == "auto":
         return rows
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdecimal() or int(value) < 1:
         raise BatchSizeError(f"--micro-batch {text!r} must be 'auto' or a positive integer")
     return min(int(value), rows)
 
@@ -456,9 +457,14 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def free_memory(device: torch.device, meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+def free_memory(
+    device: torch.device,
+    meminfo: str = "/proc/meminfo",
+    cgroup: str = "/sys/fs/cgroup",
+    proc_cgroup: str = "/proc/self/cgroup",
+) -> int | None:
     """Bytes a new allocation on ``device`` can take now, or None where it cannot be read: CUDA's free memory, or on
-    the CPU ``MemAvailable`` lowered to what this process's cgroup (v2) limit leaves."""
+    the CPU ``MemAvailable`` lowered to what the cgroup (v2) limits of this process's cgroup and its ancestors leave."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
@@ -470,14 +476,23 @@ def free_memory(device: torch.device, meminfo: str = "/proc/meminfo", cgroup: st
         return None
     free = kib * 1024
     try:
-        with open(os.path.join(cgroup, "memory.max")) as f:
-            limit = f.read().strip()
-        with open(os.path.join(cgroup, "memory.current")) as f:
-            used = int(f.read().strip())
-        if limit.isdigit():
-            free = min(free, max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass
+        with open(proc_cgroup) as f:
+            own = next((line.strip()[3:] for line in f if line.startswith("0::")), "/")
+    except OSError:
+        own = "/"
+    directory = Path(cgroup, own.lstrip("/"))
+    for level in [directory, *directory.parents]:  # a job's limit binds its steps too
+        try:
+            with open(level / "memory.max") as f:
+                limit = f.read().strip()
+            with open(level / "memory.current") as f:
+                used = int(f.read().strip())
+            if limit.isdecimal():
+                free = min(free, max(0, int(limit) - used))
+        except (OSError, ValueError):
+            pass
+        if level == Path(cgroup):
+            break
     return free
 
 
@@ -868,4 +883,8 @@ def describe(sessions: int = 4) -> str:
 if __name__ == "__main__":
     import sys
 
-    print(describe(int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 4))
+    try:
+        print(describe(int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdecimal() else 4))
+    except DeviceError as exc:  # CUDA_OFFSET=x, say
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -116,9 +116,7 @@ def shared_checks(args) -> dict[str, bool]:
     fields = vars(args)
     every = args.checkpoint_every
     checks = {
-        f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0
-        <= args.seed
-        < 2**32,  # numpy's seeding takes no other
+        f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0 <= args.seed < 2**32,  # numpy's seeding: no other
         "--resume trains and --eval-checkpoint evaluates: pass one": not (args.resume and args.eval_checkpoint),
         f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
         f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
@@ -138,7 +136,7 @@ def shared_checks(args) -> dict[str, bool]:
         ),
     }
     size = fields.get("minibatch_size")
-    if isinstance(size, int) or (isinstance(size, str) and size.isdigit()):  # one advantage has no std (NaN)
+    if isinstance(size, int) or (isinstance(size, str) and size.isdecimal()):  # one advantage has no std (NaN)
         one_row = "--norm-adv normalises each minibatch's advantages and needs 2 rows or more"
         checks[f"{one_row}; use a larger minibatch or --no-norm-adv"] = not args.norm_adv or int(size) >= 2
     return checks
@@ -266,9 +264,16 @@ def exit_if_done(ckpt: dict | None, num_iterations: int, path: str | None, is_ma
 
 
 def save_checkpoint(path: str | os.PathLike, **state) -> None:
-    """Write atomically: an interrupted save keeps the previous checkpoint."""
-    torch.save(state, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)
+    """Write atomically: an interrupted save keeps the previous checkpoint. One that fails (a full disk) leaves no
+    partial file and raises an ``OSError`` that names ``path``."""
+    tmp = f"{path}.tmp"
+    try:
+        torch.save(state, tmp)
+    except (OSError, RuntimeError) as exc:  # torch reports a failed write as a RuntimeError of its C++ stream
+        Path(tmp).unlink(missing_ok=True)
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise OSError(f"cannot write {path} ({reason}; is the disk full?); the previous checkpoint is kept") from None
+    os.replace(tmp, path)
 
 
 def load_states(modules: dict, ckpt: dict, path: str) -> None:
@@ -498,7 +503,11 @@ class Run:
             group["lr"] = float(group["lr"])
         wandb_id = self.wandb.run.id if self.wandb is not None else None
         state = state | dict(args=vars(self.args), run_name=self.name, status=status, wandb_id=wandb_id)
-        save_checkpoint(self.checkpoint_path, script=self.script, **state)
+        try:
+            save_checkpoint(self.checkpoint_path, script=self.script, **state)
+        except OSError as exc:  # the run goes on, or stops, with its last checkpoint
+            print(f"error: no checkpoint at step {state['global_step']}: {exc}", file=sys.stderr)
+            return
         if stopping and not finished:
             why = (self.stop or ["a signal to another process"])[0]
             resume = f"continue with: python {sys.argv[0]} --resume {self.checkpoint_path}"

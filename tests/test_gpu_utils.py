@@ -1,5 +1,6 @@
 """gpu_utils: device choice and rotation, batch sizes, memory estimates, micro-batching, the GPU monitor."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -734,3 +735,84 @@ def test_clip_grad_norm_matches_torch():
     gpu_utils.clip_grad_norm(grads, 0.5)
     for g, e in zip(grads, expected):
         assert torch.equal(g, e)
+
+
+def test_odd_digits_in_flags_and_variables_are_one_line_errors_or_ignored(fake_gpus, monkeypatch):
+    """Before: '²' passed str.isdigit() and int() raised 'invalid literal for int()' (a traceback in describe())."""
+    fake_gpus(2)
+    with pytest.raises(DeviceError, match="not understood"):
+        select_device("²")
+    with pytest.raises(BatchSizeError, match="'auto' or a positive integer"):
+        choose_batch_size(12, "²")
+    with pytest.raises(BatchSizeError, match="--micro-batch"):
+        gpu_utils.parse_micro_batch("²", 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "²")
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    assert gpu_utils.thread_budget() == gpu_utils.ThreadBudget(8, "CPU affinity")
+
+
+def test_free_memory_reads_this_processs_own_cgroup_and_its_ancestors(tmp_path):
+    """Before: only the mount's root was read, which on a host without a cgroup namespace (a SLURM job, systemd-run
+    -p MemoryMax) has no memory.max: the job's limit was ignored."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:   20000000 kB\n")
+    root = tmp_path / "cgroup"
+    step = root / "job_7" / "step_0"
+    step.mkdir(parents=True)
+    (step / "memory.max").write_text("max\n")  # the step has no limit of its own; its job has 8 GiB, 3 GiB used
+    (step / "memory.current").write_text(f"{2 * 2**30}\n")
+    (root / "job_7" / "memory.max").write_text(f"{8 * 2**30}\n")
+    (root / "job_7" / "memory.current").write_text(f"{3 * 2**30}\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/job_7/step_0\n")
+    assert gpu_utils.free_memory(torch.device("cpu"), str(meminfo), str(root), str(proc)) == 5 * 2**30
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one_and_leaves_no_partial_file(tmp_path, capsys):
+    """Before: a full disk left a partial checkpoint.pt.tmp holding the space, and a RuntimeError ('enforce fail at
+    inline_container.cc') that does not say why ended a stopping run with a traceback."""
+    import run_utils
+
+    path = tmp_path / "checkpoint.pt"
+    run_utils.save_checkpoint(path, model={"w": torch.zeros(4)}, status="running")
+    tmp = tmp_path / "checkpoint.pt.tmp"
+    tmp.symlink_to("/dev/full")  # every write: ENOSPC, as on a full disk
+    with pytest.raises(OSError, match="checkpoint.pt"):
+        run_utils.save_checkpoint(path, model={"w": torch.ones(4)}, status="stopped")
+    assert not os.path.lexists(tmp) and torch.load(path)["status"] == "running"
+    run = object.__new__(run_utils.Run)  # the checkpoint at a stop: one line, no traceback, the old one kept
+    run.is_main, run.wandb, run.name, run.script, run.stop = True, None, "r", "ppo_atari", ["SIGTERM"]
+    run.args, run.checkpoint_path = argparse.Namespace(seed=1), str(path)
+    tmp.symlink_to("/dev/full")
+    state = dict(model={}, optimizer={"param_groups": []}, iteration=2, global_step=256)
+    run.checkpoint(state, finished=False, stopping=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no checkpoint at step 256") and "kept" in err[0], err
+    assert torch.load(path)["status"] == "running" and not os.path.lexists(tmp)
+
+
+def test_a_thread_variable_as_large_as_the_machine_is_still_an_explicit_budget(eight_cpus, tmp_path, monkeypatch):
+    """Before: OMP_NUM_THREADS=8 on 8 CPUs (a sweep of one run sets it so) counted as no budget: the run registered
+    and shrank beside runs started by hand, though an explicit budget always wins (docs/devices-threads-memory.md)."""
+    other = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path)  # a run started by hand is live
+    for var, value in (("OMP_NUM_THREADS", "8"), ("SLURM_CPUS_PER_TASK", "32")):
+        monkeypatch.setenv(var, value)
+        budget = gpu_utils.thread_budget()
+        assert budget == gpu_utils.ThreadBudget(8, var)  # never above the CPUs it may use
+        share = gpu_utils.CpuShare(budget, tmp_path, interval=0)
+        assert share.update() is False and (share.threads, share.why) == (8, var)
+        share.close()
+        monkeypatch.delenv(var)
+    assert eight_cpus == [] and len(list(tmp_path.iterdir())) == 1  # nothing set, nothing registered
+    other.close()
+
+
+def test_cli_says_a_bad_cuda_offset_in_one_line(tmp_path):
+    """Before: CUDA_OFFSET=x python gpu_utils.py ended in a DeviceError traceback."""
+    env = dict(os.environ, CUDA_OFFSET="x")
+    res = subprocess.run([sys.executable, str(ROOT / "gpu_utils.py")], capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "error: environment variable CUDA_OFFSET='x' must be an integer"
+    ], res.stderr
