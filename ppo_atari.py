@@ -393,7 +393,7 @@ if __name__ == "__main__":
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
     cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
-    env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)  # the envs and the network take turns
+    env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)  # shared by the two halves of the envs
     if distributed:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)

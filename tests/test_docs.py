@@ -1,7 +1,7 @@
 """The README and docs/ stay usable: every relative link points at a file (and heading) that exists, every command
 that runs one of the three scripts uses flags the script has, the README stays short, and it keeps the two commands
-verbatim (.ci/run reads the test command from it), and each script's page explains every TensorBoard key the script
-logs and no other."""
+verbatim (.ci/run reads the test command from it), each script's page explains every TensorBoard key the script
+logs and no other, and docs/anatomy.md lists the shared flags as --help does."""
 
 import ast
 import re
@@ -200,3 +200,17 @@ def test_each_script_page_explains_every_key_it_logs_and_no_other(script):
     # a key the script builds from a name (Snake's f"charts/{chart}") is in its source as that quoted name
     unknown = [key for key in documented if key not in keys and f'"{key.split("/")[1]}"' not in source]
     assert sorted(unknown) == [], "keys the page explains that the script does not log"
+
+
+def run_args_flags() -> list[str]:
+    """run_utils.RunArgs' flags in the order --help lists them."""
+    tree = ast.parse((ROOT / "run_utils.py").read_text())
+    (run_args,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "RunArgs"]
+    return [f"--{node.target.id.replace('_', '-')}" for node in run_args.body if isinstance(node, ast.AnnAssign)]
+
+
+def test_anatomy_lists_the_shared_flags_as_help_does():
+    """docs/anatomy.md names the shared flags (run_utils.RunArgs) in --help's order, all of them and no other."""
+    text = " ".join((ROOT / "docs" / "anatomy.md").read_text().split())
+    listed = text.split("in the same order and wording:")[1].split("; then each script's own")[0]
+    assert re.findall(r"`(--[\w-]+)`", listed) == run_args_flags()
