@@ -155,10 +155,10 @@ def load_run(path: str) -> Run | None:
             stats.setdefault(tag, []).extend((e[0], e[2]) for e in kept[tag])
         run.segments.append(seg)
         hparams = parse_hparams(texts.get("hyperparameters", ""))
-        if hparams.get("total_timesteps", "").isdigit():
+        if hparams.get("total_timesteps", "").isdecimal():
             run.total_timesteps = int(hparams["total_timesteps"])
         envs, steps = hparams.get("num_envs", ""), hparams.get("num_steps", "1")  # DQN: one step per iteration
-        if envs.isdigit() and steps.isdigit():
+        if envs.isdecimal() and steps.isdecimal():
             run.iteration_steps = int(envs) * int(steps)
     returns.sort(key=lambda r: r[0])  # stable: episodes that ended at the same step keep their order
     run.steps, run.returns = np.array(returns, dtype=np.float64).reshape(-1, 2).T

@@ -87,7 +87,7 @@ def decide_resume(runs_dir: str, rid: str) -> Decision:
     import run_utils
 
     names = os.listdir(runs_dir) if os.path.isdir(runs_dir) else []
-    times = {n: n[len(rid) + 2 :] for n in names if n.startswith(rid + "__") and n[len(rid) + 2 :].isdigit()}
+    times = {n: n[len(rid) + 2 :] for n in names if n.startswith(rid + "__") and n[len(rid) + 2 :].isdecimal()}
     dirs = [os.path.join(runs_dir, n) for n in sorted(times, key=lambda n: -int(times[n]))]
     live = [d for d in dirs if run_utils.run_is_live(d)]
     if live:
@@ -166,7 +166,7 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
             h, w = (m[1] or m[3], m[2] or m[3]) if m else ("0", "0")
             if min(int(h), int(w)) < 3:  # dqn_snake_vec.py would refuse it
                 raise SweepError(f"board size '{size}' is not N or HxW of at least 3 x 3 (e.g. 10 or 8x12)")
-            if not n.isdigit() or int(n) < 1:
+            if not n.isdecimal() or int(n) < 1:
                 raise SweepError(f"num_envs '{n}' is not a positive integer")
             name = exp or f"dqn_snake_vec_n{n}"
             args = ["dqn_snake_vec.py", "--height", h, "--width", w, "--num-envs", n, "--exp-name", name]
@@ -216,14 +216,14 @@ def slot_gpus(passthrough: Sequence[str]) -> list[int | None]:
     gpus = os.environ.get("NUM_GPUS") or str(torch.cuda.device_count() if torch.cuda.is_available() else 0)
     offset = os.environ.get("CUDA_OFFSET") or "0"
     for name, value in (("NUM_GPUS", gpus), ("CUDA_OFFSET", offset)):
-        if not value.isdigit():
+        if not value.isdecimal():
             raise SweepError(f"{name} must be a non-negative integer, got '{value}'")
     word = (flag_value(passthrough, "--gpu") or "auto").lower()
     if word in ("auto", "true", "cuda", "gpu", "yes"):
         return [(int(offset) + g) % int(gpus) for g in range(int(gpus))] or [None]
     if word in ("false", "cpu", "no"):
         return [None]
-    if not word.removeprefix("cuda:").isdigit() or int(word.removeprefix("cuda:")) >= int(gpus):
+    if not word.removeprefix("cuda:").isdecimal() or int(word.removeprefix("cuda:")) >= int(gpus):
         raise SweepError(f"--gpu {word} after -- is not auto, true, false or one of the {gpus} GPUs (N or cuda:N)")
     return [int(word.removeprefix("cuda:"))]
 
@@ -455,7 +455,7 @@ def run_task(spec_path: str, index: str) -> int:
         spec = json.loads(Path(spec_path).read_text())
     except (OSError, ValueError) as exc:  # its sweep's log dir moved, or a broken file
         raise SweepError(f"cannot read the sweep's runs from {spec_path} ({exc}); submit the sweep again") from None
-    if not index.isdigit() or int(index) >= len(spec["runs"]):
+    if not index.isdecimal() or int(index) >= len(spec["runs"]):
         raise SweepError(f"task '{index}' is not one of 0-{len(spec['runs']) - 1}: submit the script with sbatch")
     entry = spec["runs"][int(index)]
     run = Run(entry["label"], entry["run_id"], tuple(entry["args"]))

@@ -510,7 +510,7 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
             raise SweepError(f"no reference score for {env} to normalise it by in benchmark/reference_scores.csv")
         references[env] = sum(scores) / len(scores)
     total = sweep.flag_value(passthrough, "--total-timesteps") or getattr(fields.get("total_timesteps"), "default", "")
-    if not str(total).isdigit() or not 0 <= a.prune_warmup < 1:
+    if not str(total).isdecimal() or not 0 <= a.prune_warmup < 1:
         raise SweepError(f"give --total-timesteps after -- (not {total}) and a --prune-warmup in [0, 1)")
     config = {"script": a.script, "params": a.param, "envs": envs, "seeds": sweep.parse_seeds(a.seeds)}
     config |= {"args": passthrough, "total_timesteps": int(total), "references": references}

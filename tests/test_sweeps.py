@@ -233,6 +233,8 @@ def test_bad_input_is_one_error_line(engine, tmp_path):
         (["dqn_snake", "--sizes", "2x8"], {}, ["board size '2x8'", "3 x 3"]),
         (["dqn_snake", "--sizes", "ten"], {}, ["board size 'ten'"]),
         (["dqn_snake", "--num-envs", "0"], {}, ["num_envs '0'"]),
+        (["dqn_snake", "--num-envs", "²"], {}, ["num_envs '²'"]),  # a digit to isdigit(), not to int(): a traceback
+        (["dqn_snake"], {"NUM_GPUS": "²"}, ["NUM_GPUS must be a non-negative integer"]),
         (["ppo_continuous", "--presets", "huge"], {}, ["unknown preset 'huge'"]),
         (["ppo_continuous", "--envs", "Hoper-v5"], {}, ["unknown env id Hoper-v5"]),
         (["ppo_atari", "--games", "Pong Breakuot"], {}, ["unknown env id ALE/Breakuot-v5"]),
