@@ -6,9 +6,10 @@ an NVIDIA GPU). It behaves as a gymnasium vector env in ``AutoresetMode.SAME_STE
 and flags are torch tensors on the env's device, passed from JAX through DLPack without a copy or a host round trip.
 
 The tasks keep gymnasium v5's semantics: its own XML files (read from the installed gymnasium), frame skip, reward
-terms and weights, health and termination rules, observation layout, reset noise and the registry's 1,000-step time
-limit, reported as truncation. ``docs/mjx.md`` maps every rule to gymnasium's source and lists what differs (the
-physics is float32; the random streams are JAX's, not numpy's).
+terms and weights, health and termination rules, observation layout, reset noise, the registry's 1,000-step time
+limit, reported as truncation, and MuJoCo's reset of a world whose state goes NaN or huge. ``docs/mjx.md`` maps
+every rule to gymnasium's source and lists what differs (the physics is float32; the random streams are JAX's, not
+numpy's).
 
 Needs the ``mjx`` extra (``pip install -e ".[mjx]"``; ``".[mjx,warp]"`` for ``impl="warp"``). Importing this module
 imports neither JAX nor MJX and has no side effects: the first ``MJXVectorEnv`` tells JAX not to preallocate GPU
@@ -222,8 +223,11 @@ def make_task(env_id: str, **task_kwargs: Any):
 
 
 def gymnasium_xml_path(xml_file: str) -> Path:
-    """gymnasium's own asset file, as MujocoEnv's expand_model_path resolves a bare file name."""
-    if os.path.isabs(xml_file) or xml_file.startswith("."):
+    """The model file as MujocoEnv's expand_model_path resolves ``xml_file``: a path starting with "/" or "." as
+    it is, one starting with "~" in the user's home, a bare name in gymnasium's own assets."""
+    if xml_file.startswith(("/", ".")):
+        return Path(xml_file)
+    if xml_file.startswith("~"):
         return Path(xml_file).expanduser()
     return Path(gym.__file__).parent / "envs" / "mujoco" / "assets" / xml_file
 
@@ -271,6 +275,15 @@ def cpu_deadlock_risk(jaxlib_version: str) -> bool:
     of 1,024 worlds). 0.9 does not split; 0.11.1 builds it out."""
     release = tuple(int(part) for part in re.findall(r"\d+", jaxlib_version)[:3])
     return (0, 10, 0) <= release < (0, 11, 1)
+
+
+def _seed_key(jax, seed):
+    """JAX's key of ``seed``, every bit of it: ``jax.random.key`` keeps only the low 32 bits of a seed unless x64 is
+    on, which made seed 5 and 2**32 + 5 one stream. The same key as ``jax.random.key(seed)`` below 2**32."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise MJXEnvError(f"seed must be an integer from 0 to 2**64 - 1 (gymnasium's are from 0), not {seed!r}")
+    high, low = divmod(int(seed), 2**32)
+    return jax.random.wrap_key_data(np.array([high, low], dtype=np.uint32), impl="threefry2x32")
 
 
 def _jax_device(jax, device: str | torch.device | None):
@@ -377,7 +390,7 @@ class MJXVectorEnv:
         self.dt = self.mj_model.opt.timestep * self.task.frame_skip  # MujocoEnv.dt
         with jax.default_device(self._jax_device):
             self._build(jax, mjx, naconmax, njmax)
-            self._key = jax.device_put(jax.random.key(seed), self._jax_device)
+            self._key = jax.device_put(_seed_key(jax, seed), self._jax_device)
 
         # MujocoEnv._set_action_space: a float32 box over the actuators' control ranges
         low, high = self.mj_model.actuator_ctrlrange.copy().astype(np.float32).T
@@ -390,6 +403,8 @@ class MJXVectorEnv:
 
     def _build(self, jax, mjx, naconmax, njmax):
         """Put the model on the device and jit reset, step and set_state for all worlds."""
+        import mujoco
+
         jnp = jax.numpy
         nq, nv, nu = self.mj_model.nq, self.mj_model.nv, self.mj_model.nu
         n = self.num_envs
@@ -421,10 +436,26 @@ class MJXVectorEnv:
             # left to the next step, which computes it first (an observation needs only qpos and qvel)
             return data0.replace(qpos=qpos, qvel=qvel), task.observation(qpos, qvel)
 
+        rescue = _mujoco_rescue(mj_model)
+
+        def is_bad(x):
+            """MuJoCo's mju_isBad over an array: any entry NaN or beyond mjMAXVAL (1e10) either way."""
+            return ~jnp.all(jnp.abs(x) <= mujoco.mjMAXVAL)
+
+        def mj_step(data):
+            """One mj_step with MuJoCo's own rescue: a world whose qpos or qvel (mj_checkPos, mj_checkVel) or whose
+            accelerations (mj_checkAcc) are bad is reset (mj_resetData, its control zero) and steps on from there."""
+            stepped = mjx.step(model, data)
+            if rescue is None:  # the model disables it (mjDSBL_AUTORESET)
+                return stepped
+            bad = is_bad(data.qpos) | is_bad(data.qvel) | is_bad(stepped.qacc)
+            rescued = {name: jnp.where(bad, value, getattr(stepped, name)) for name, value in rescue.items()}
+            return stepped.replace(**rescued)
+
         def physics_step(data, action):
             """MujocoEnv.do_simulation: ctrl = action, then frame_skip mj_steps."""
             data = data.replace(ctrl=action)
-            return jax.lax.fori_loop(0, frame_skip, lambda _, d: mjx.step(model, d), data)
+            return jax.lax.fori_loop(0, frame_skip, lambda _, d: mj_step(d), data)
 
         def world_step(data, action, key, episode_return, episode_length):
             x_before = data.qpos[0]
@@ -484,10 +515,13 @@ class MJXVectorEnv:
         self._step_sizes = [obs_size, obs_size] + [n] * (5 + len(self.info_names))
 
     # -------------------------------------------------------------- the gymnasium vector API
-    def reset(self, *, seed: int | None = None) -> tuple[torch.Tensor, dict]:
-        """Reset every world (gymnasium's noise, fresh per world); ``seed`` restarts the key. Returns (obs, {})."""
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[torch.Tensor, dict]:
+        """Reset every world (gymnasium's noise, fresh per world); ``seed`` (0 to 2**64 - 1) restarts the key.
+        ``options``: gymnasium's argument, which these tasks take none of. Returns (obs, {})."""
+        if options:
+            raise MJXEnvError(f"reset takes no options: these tasks' resets have none, not {options!r}")
         if seed is not None:
-            self._key = self._jax.device_put(self._jax.random.key(seed), self._jax_device)
+            self._key = self._jax.device_put(_seed_key(self._jax, seed), self._jax_device)
         self._state, self._key, flat = self._reset_fn(self._key)
         obs = self._to_torch(flat).view(self.num_envs, self.obs_dim)
         self._in_flight = []
@@ -546,6 +580,19 @@ class MJXVectorEnv:
         if tuple(array.shape) != shape:
             raise MJXEnvError(f"{name} has shape {tuple(array.shape)}; expected {shape}")
         return array
+
+
+def _mujoco_rescue(mj_model) -> dict[str, np.ndarray] | None:
+    """The state mj_step leaves a world in when it resets it (mj_resetData, then the step: from qpos0 at rest,
+    the control zero), the same for every world; None where the model turns the reset off (mjDSBL_AUTORESET)."""
+    import mujoco
+
+    if mj_model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_AUTORESET:
+        return None
+    data = mujoco.MjData(mj_model)
+    mujoco.mj_step(mj_model, data)
+    names = ("qpos", "qvel", "act", "ctrl", "qacc", "qacc_warmstart", "time")
+    return {name: np.asarray(getattr(data, name), dtype=np.float32) for name in names}
 
 
 def _pack(jnp, outputs: list) -> Any:

@@ -96,6 +96,40 @@ def test_a_jaxlib_that_can_hang_on_the_cpu_is_refused_with_what_to_install(monke
         MJXVectorEnv("Hopper-v5", 4, device="cpu")
 
 
+def test_model_paths_resolve_as_gymnasiums(tmp_path, monkeypatch):
+    """Before: "~/hopper.xml" was looked for in gymnasium's assets folder (gymnasium expands the user's home)."""
+    expand_model_path = importlib.import_module("gymnasium.envs.mujoco.mujoco_env").expand_model_path
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    source = mjx_envs.gymnasium_xml_path("hopper.xml")
+    (tmp_path / "hopper.xml").write_text(source.read_text())
+    for name in ("hopper.xml", "~/hopper.xml", "./hopper.xml", str(tmp_path / "hopper.xml")):
+        assert mjx_envs.gymnasium_xml_path(name).resolve() == Path(expand_model_path(name)).resolve(), name
+
+
+@needs_mjx
+def test_every_bit_of_a_seed_counts_and_a_negative_one_is_refused():
+    """Before: JAX (without x64) kept a seed's low 32 bits, so seed 5 and 2**32 + 5 started the same worlds, and -1
+    the same as 2**32 - 1; gymnasium takes any integer from 0 up, and refuses a negative one."""
+    env = MJXVectorEnv("InvertedPendulum-v5", WORLDS, seed=5, device="cpu", max_episode_steps=TIME_LIMIT)
+    five = env.reset()[0]
+    np.testing.assert_array_equal(env.reset(seed=5)[0].numpy(), five.numpy())
+    for other in (2**32 + 5, 2**63 + 5, 2**64 - 1):
+        assert not torch.equal(env.reset(seed=other)[0], five), other
+    assert not torch.equal(env.reset(seed=2**64 - 1)[0], env.reset(seed=2**32 - 1)[0])
+    twin = MJXVectorEnv("InvertedPendulum-v5", WORLDS, seed=2**32 + 5, device="cpu", max_episode_steps=TIME_LIMIT)
+    np.testing.assert_array_equal(twin.reset()[0].numpy(), env.reset(seed=2**32 + 5)[0].numpy())
+    # gymnasium's vector reset takes options too (its wrappers pass options=None); these tasks have none
+    np.testing.assert_array_equal(env.reset(seed=5, options=None)[0].numpy(), five.numpy())
+    with pytest.raises(MJXEnvError, match="reset takes no options"):
+        env.reset(options={"noise": 0})
+    for bad in (-1, 2**64, 1.5):
+        with pytest.raises(MJXEnvError, match="seed must be an integer from 0"):
+            env.reset(seed=bad)
+    with pytest.raises(MJXEnvError, match="seed must be an integer from 0"):
+        MJXVectorEnv("InvertedPendulum-v5", WORLDS, seed=-1, device="cpu")
+
+
 def test_importing_the_module_imports_no_jax():
     code = "import sys, mjx_envs; assert 'jax' not in sys.modules and 'mujoco.mjx' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
@@ -184,6 +218,112 @@ def test_steps_match_gymnasium_from_the_same_states_and_actions(env_id):
         assert terminations > 0
     if env_id in ("Hopper-v5", "Walker2d-v5"):  # their observations clip velocities at 10: that was compared
         assert clipped_velocities > 0
+
+
+@needs_mjx
+@safe_cpu_jaxlib
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5"])
+def test_health_at_the_edges_of_its_ranges_is_gymnasiums(env_id):
+    """States at the edges of the health ranges, which random play seldom reaches: heights around 0.7 and 0.8 (and
+    Walker2d's 2.0), angles around 0.2 and 1.0, and velocities beyond the observation's clip of 10 and Hopper's state
+    range of 100 (over qpos[2:] and the unclipped qvel); one step of each, against gymnasium's."""
+    reference = [gym.make(env_id, max_episode_steps=TIME_LIMIT) for _ in range(WORLDS)]
+    for world in reference:
+        world.reset(seed=0)
+    model = reference[0].unwrapped.model
+    qpos = np.tile(reference[0].unwrapped.init_qpos, (2 * WORLDS, 1))
+    qvel = np.zeros((2 * WORLDS, model.nv))
+    qpos[:16, 1] = [0.65, 0.69, 0.71, 0.75, 0.79, 0.81, 1.95, 1.99, 2.01, 2.1, 1.25, 1.25, 1.25, 1.25, 1.25, 1.25]
+    qpos[10:16, 2] = [-1.05, -0.99, 0.99, 1.05, 0.25, -0.25]
+    for row, dof in enumerate(range(WORLDS, 2 * WORLDS)):
+        qvel[dof, row % model.nv] = [5, 15, 50, 99, 101, 150, 300, -150][row % 8]
+    env = MJXVectorEnv(env_id, WORLDS, seed=1, device="cpu", max_episode_steps=TIME_LIMIT)
+    env.reset()
+    action = np.zeros((WORLDS, model.nu), np.float32)
+    terminations = 0
+    for rows in (slice(0, WORLDS), slice(WORLDS, 2 * WORLDS)):
+        for world, world_qpos, world_qvel in zip(reference, qpos[rows], qvel[rows]):
+            world.unwrapped.set_state(world_qpos, world_qvel)
+        env.set_state(torch.as_tensor(qpos[rows]), torch.as_tensor(qvel[rows]))
+        obs, reward, terminated, truncated, info = env.step(torch.as_tensor(action))
+        expected = [world.step(world_action) for world, world_action in zip(reference, action)]
+        np.testing.assert_array_equal(terminated.numpy(), [x[2] for x in expected])
+        np.testing.assert_allclose(reward.numpy(), [x[1] for x in expected], rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(info["final_obs"].numpy(), [x[0] for x in expected], rtol=2e-3, atol=2e-3)
+        terminations += int(terminated.sum())
+    assert 0 < terminations < 2 * WORLDS
+
+
+@needs_mjx
+@safe_cpu_jaxlib
+@pytest.mark.slow
+def test_a_fall_in_the_last_step_is_both_terminated_and_truncated_as_in_gymnasium():
+    """gymnasium's TimeLimit truncates at the limit whatever the env says: a fall in the last step is both."""
+    env = MJXVectorEnv("InvertedPendulum-v5", WORLDS, seed=1, device="cpu", max_episode_steps=TIME_LIMIT)
+    env.reset()
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    reference = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("InvertedPendulum-v5", max_episode_steps=TIME_LIMIT)] * WORLDS, autoreset_mode=same_step
+    )
+    reference = gym.wrappers.vector.RecordEpisodeStatistics(reference)
+    reference.reset(seed=0)
+    action = np.zeros((WORLDS, 1), np.float32)
+    for step in range(TIME_LIMIT):
+        worlds = reference.env.envs
+        qpos = np.stack([world.unwrapped.data.qpos for world in worlds])
+        qvel = np.stack([world.unwrapped.data.qvel for world in worlds])
+        if step == TIME_LIMIT - 1:  # half the poles fall in the last step
+            qpos[: WORLDS // 2, 1] = 0.199
+            qvel[: WORLDS // 2, 1] = 5.0
+        for world, world_qpos, world_qvel in zip(worlds, qpos, qvel):
+            world.unwrapped.set_state(world_qpos, world_qvel)
+        env.set_state(torch.as_tensor(qpos), torch.as_tensor(qvel))
+        obs, reward, terminated, truncated, info = env.step(torch.as_tensor(action))
+        _, expected_reward, expected_terminated, expected_truncated, expected_info = reference.step(action)
+        np.testing.assert_array_equal(terminated.numpy(), expected_terminated)
+        np.testing.assert_array_equal(truncated.numpy(), expected_truncated)
+    assert terminated[: WORLDS // 2].all() and truncated.all()
+    np.testing.assert_array_equal(info["_episode"].numpy(), expected_info["_episode"])
+    np.testing.assert_allclose(info["episode"]["r"].numpy(), expected_info["episode"]["r"], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(info["episode"]["l"].numpy(), expected_info["episode"]["l"])
+
+
+@needs_mjx
+@safe_cpu_jaxlib
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "InvertedPendulum-v5"])
+def test_a_world_whose_state_goes_bad_is_rescued_as_mujoco_does(env_id):
+    """MuJoCo's mj_step resets a world (mj_resetData) whose qpos or qvel is NaN or beyond 1e10 before it steps, or
+    whose accelerations are, and steps on from there; gymnasium's envs inherit it. Before: an MJX world kept the
+    NaN (HalfCheetah: NaN observations and rewards until the time limit) or blew up to 1e23."""
+    reference = [gym.make(env_id, max_episode_steps=TIME_LIMIT) for _ in range(WORLDS)]
+    for seed, world in enumerate(reference):
+        world.reset(seed=seed)
+    qpos = np.stack([world.unwrapped.data.qpos for world in reference])
+    qvel = np.stack([world.unwrapped.data.qvel for world in reference])
+    qvel[:4, 0] = [np.nan, np.inf, -1e11, 1e9]  # 1e9: a sane start, its accelerations beyond 1e10
+    qpos[4, 1] = np.nan
+    qpos[5, 0] = 2e10
+    for world, world_qpos, world_qvel in zip(reference, qpos, qvel):
+        world.unwrapped.set_state(world_qpos, world_qvel)
+    env = MJXVectorEnv(env_id, WORLDS, seed=1, device="cpu", max_episode_steps=TIME_LIMIT)
+    env.reset()
+    env.set_state(torch.as_tensor(qpos), torch.as_tensor(qvel))
+    rng = np.random.default_rng(0)
+    low, high = reference[0].action_space.low, reference[0].action_space.high
+    going = np.ones(WORLDS, bool)
+    for _ in range(2):  # the rescue, then a step on from it (of the worlds that did not end)
+        action = rng.uniform(low, high, size=(WORLDS, len(low))).astype(np.float32)
+        obs, reward, terminated, truncated, info = env.step(torch.as_tensor(action))
+        expected = [world.step(world_action) for world, world_action in zip(reference, action)]
+        expected_obs = np.stack([x[0] for x in expected])
+        final_obs = info["final_obs"].numpy()
+        np.testing.assert_allclose(final_obs[going], expected_obs[going], rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(reward.numpy()[going], np.array([x[1] for x in expected])[going], atol=1e-4)
+        np.testing.assert_array_equal(terminated.numpy()[going], np.array([x[2] for x in expected])[going])
+        assert np.isfinite(final_obs[:6]).all() and np.isfinite(reward.numpy()).all()
+        going &= ~terminated.numpy()
 
 
 # ---------------------------------------------------------------- auto-reset and episode accounting
