@@ -242,7 +242,7 @@ def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
     settings = {k: v for k, v in ckpt["args"].items() if k not in runtime_flags and hasattr(args, k)}
     defaults = vars(type(args)())
     typed = [k for k, v in settings.items() if getattr(args, k) not in (v, defaults.get(k))]
-    if typed:
+    if typed and os.environ.get("RANK", "0") == "0":  # said once under torchrun
         flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)} (the run's {settings[k]})" for k in typed)
         print(f"note: --resume continues the run with its own settings, not {flags}; start a new run to change them")
     vars(args).update(settings)
