@@ -119,7 +119,7 @@ def assert_one_line_error(res, *words):
 # `python -c AT_UPDATE <action> <n> <script> args...` runs the script as __main__ and, at the n-th call of its update
 # step (the gpu_utils.CudaGraph that every script trains through: a PPO minibatch step, a Snake training step), does
 # <action> first: "sigterm" sends this process SIGTERM (a stop that arrives during that iteration); "garble"
-# overwrites every runs/*/checkpoint.pt with bytes that are no checkpoint
+# overwrites every runs/*/checkpoint.pt with bytes that are no checkpoint; "crash" raises a RuntimeError (a bug, say)
 AT_UPDATE = """
 import glob, os, runpy, signal, sys
 import gpu_utils
@@ -135,6 +135,8 @@ def counted(self, *args):
         for path in glob.glob("runs/*/checkpoint.pt"):
             with open(path, "wb") as f:
                 f.write(b"no checkpoint")
+    if len(calls) == when and action == "crash":
+        raise RuntimeError("injected crash")
     return call(self, *args)
 gpu_utils.CudaGraph.__call__ = counted
 sys.argv[0] = sys.argv.pop(1)

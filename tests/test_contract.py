@@ -282,6 +282,16 @@ def run_with(prefix, script, args, cwd):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.parametrize("script", ["ppo_atari", "ppo_continuous"])
+def test_a_run_that_crashes_keeps_the_logs_it_wrote(script, tmp_path):
+    """A crash (here at the second iteration's first update, a bug, say) is a traceback and exit 1, and keeps the
+    TensorBoard points the run wrote before it (the writer flushes only every 120 s while it runs)."""
+    res = run_with(at_update_prefix("crash", 3), script, [*TINY[script], "--checkpoint-every", "0"], tmp_path)
+    assert res.returncode == 1 and "injected crash" in res.stderr, res.stderr[-2000:]
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
+    assert [step for step, _ in scalars(run_dir)["charts/learning_rate"]] == [BATCH[script]]
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_stop_in_the_last_iteration_finishes_the_run(script, tmp_path):
     """Before: the PPO scripts wrote status 'stopped' at 100% of the steps, and every resume or sweep relaunched it."""
