@@ -176,8 +176,10 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
         raise SweepError(f"unknown env id {unknown[0]}; use gymnasium's ids, e.g. ALE/Pong-v5 (game Pong), Hopper-v5")
     seeds = parse_seeds(a.seeds)
     runs = [Run(f"{s[0]} seed={n}", run_id(s[1], s[2], n), (*s[3], "--seed", n)) for s in settings for n in seeds]
-    for rid in [rid for rid, n in Counter(r.run_id for r in runs).items() if n > 1][:1]:  # they would share a folder
-        raise SweepError(f"the sweep lists run {rid} twice; name each game, env, setting and seed once (--seeds ...)")
+    repeated = [rid for rid, n in Counter(r.run_id for r in runs).items() if n > 1]
+    if repeated:  # two runs would write one run's folder
+        once = "name each game, env, setting and seed once (--seeds ...)"
+        raise SweepError(f"the sweep lists run {repeated[0]} twice; {once}")
     return runs
 
 

@@ -146,11 +146,17 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
         name, _, value = word.partition("=")
         f = find_field(name, fields, script)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
-    for name in values.keys() - space.keys():  # Optuna would drop it: the trial would run with the script's default
-        raise SweepError(f"--enqueue {text}: {name} is not searched (no --param); pass it after -- to set it for all")
+    unsearched = sorted(values.keys() - space.keys())  # Optuna would drop them: the trial would run the defaults
+    if unsearched:
+        flag = unsearched[0]
+        raise SweepError(f"--enqueue {text}: {flag} is not searched (no --param); pass it after -- to set it for all")
     for name, dist in space.items():
-        value, choices = values.get(name), getattr(dist, "choices", None)
-        if not (value in choices if choices else value is not None and dist.low <= value <= dist.high):
+        value = values.get(name)
+        if hasattr(dist, "choices"):
+            inside = value in dist.choices
+        else:
+            inside = value is not None and dist.low <= value <= dist.high
+        if not inside:
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values
 
@@ -484,6 +490,7 @@ def build_parser() -> sweep.Parser:
     s.add_argument("--reports", type=sweep.count(1), default=10, help="reports of the value per run (10)")
     s.add_argument("--prune-warmup", type=float, default=0.3, help="no pruning before this part of a run (0.3)")
     s.add_argument("--prune-startup", type=sweep.count(0), default=5, help="complete trials before median pruning (5)")
+    # default None, not False: sweep.check_modes takes any other value for the option given
     s.add_argument("--dry-run", action="store_true", default=None, help="with --slurm: print the sbatch script")
     s.add_argument("--workers", type=sweep.count(1), default=2, help="SLURM array tasks (default 2)")
     sweep.add_run_options(p, "task")
