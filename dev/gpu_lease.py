@@ -67,11 +67,11 @@ PARTS += [("learn", "lease.log", 400, 0)]  # a call of its own: not in the defau
 LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its last iteration and checkpoint
 EVAL_S, EVAL_POINTS, EVAL_EPISODES = 30, 10, 10  # then the evaluations of its checkpoint copies: time, points, episodes
 TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_continuous_action.py: v4, 1M steps
-# the learn runs: 1,024 worlds x 8 steps, and Brax's 32 minibatches x 8 epochs (8x the worlds preset's gradient steps
-# per iteration). On the CPU (benchmark/results/worlds_cpu_2026-11-26) they passed both targets by 2.1M steps, where
-# 4,096 x 32 left Hopper's policy at 532 after 5.2M
+# the learn runs: 1,024 worlds x 8 steps, Brax's 32 minibatches x 8 epochs (CPU: both targets by 2.1M steps), and
+# each minibatch step a CUDA graph: eager, six runs at once made 1,300-2,600 SPS each, update-bound, and Hopper only
+# 0.4M steps in 300 s (benchmark/results/gpu_h200_2026-11-26_lease3)
 LEARN = "--sim mjx --preset worlds --num-envs 1024 --num-steps 8 --num-minibatches 32 --update-epochs 8".split()
-LEARN += ["--gpu", "true"]  # after --env-id E
+LEARN += ["--gpu", "true", "--compile", "--cudagraphs"]  # after --env-id E
 MJX_TINY = "--env-id InvertedPendulum-v5 --sim mjx --gpu false --num-envs 16".split()
 MJX_TINY += "--num-steps 8 --minibatch-size 64 --update-epochs 1".split()  # the dry run's MJX runs
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
