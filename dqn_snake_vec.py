@@ -121,9 +121,10 @@ def validate(args: Args, device: torch.device | None = None) -> None:
             f"--buffer-size {buffer_size} on {h}x{w} boards needs {need}, more than the "
             f"{free / 2**30:.1f} GiB free on {replay_device}; lower --buffer-size or the board size"
         )
-    # the n-step ring holds two observations of every game per step on the training device
-    ring_bytes = 2 * args.n_step * n * 4 * h * w
-    free = gpu_utils.free_memory(device)
+    # the n-step ring holds a transition of every game per step, on the training device
+    ring_bytes = args.n_step * n * ReplayBuffer.transition_bytes((4, h, w))
+    if replay_device != device:
+        free = gpu_utils.free_memory(device)
     left = None if free is None else free - (replay_bytes if replay_device == device else 0)
     if left is not None and ring_bytes > left:
         raise ValueError(

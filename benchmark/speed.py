@@ -17,7 +17,6 @@ import platform
 import re
 import resource
 import shlex
-import shutil
 import signal
 import socket
 import statistics
@@ -125,42 +124,41 @@ def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=Non
     runs, start = [], time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     budget = gpu_utils.allowed_cpus()[: gpu_utils.thread_budget().threads]
-    for s, pinned in zip(settings, cpus or [None] * len(settings)):
-        tmp = tempfile.mkdtemp(prefix="speed_")
-        unset = ["--unset=OMP_NUM_THREADS", "--unset=MKL_NUM_THREADS"] if by_hand else []
-        variables = [f"{k}={v}" for k, v in {"WANDB_MODE": "disabled", **s.env}.items()]
-        argv = [os.path.join(ROOT, s.args[0]), *s.argv(scale)[1:]]
-        command = ["env", *unset, f"--chdir={tmp}", *variables, sys.executable, *argv]
-        proc = sweep.start_run(command, pinned or budget, pinned is not None, os.path.join(tmp, "log"))
-        runs.append((Result(s.shown(scale), steps=s.steps(scale)), tmp, proc))
-    try:
-        for res, _, proc in runs:  # a wall time is when its wait ended: for runs at once, an upper bound
-            try:
-                proc.wait(max(0.0, start + timeout - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                res.status = f"timed out after {timeout:.0f} s"
-                stop(proc)
-            res.wall = time.perf_counter() - start
-    except BaseException:  # Ctrl-C reaches only this tool: the runs have sessions of their own
-        for _, tmp, proc in runs:
-            stop(proc, wait=False)
-            shutil.rmtree(tmp, ignore_errors=True)  # as a normal end does: no speed_* folders left behind
-        raise
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # all the runs': one run's when alone
-    for res, tmp, proc in runs:
-        res.cpu_s = cpu_s if len(runs) == 1 else None
-        rc = proc.returncode
-        if res.status == "ok" and rc:
-            res.status = f"failed (exit {rc})" if rc > 0 else f"killed by {signal.Signals(-rc).name}"
-        elif res.status == "ok":
-            res.__dict__.update(read_metrics(os.path.join(tmp, "runs")))
-            res.status = "ok" if res.sps is not None else "no charts/SPS logged (budget below two iterations?)"
-        log = Path(tmp, "log").read_text(errors="replace").splitlines()[1:]  # below the command line
-        lines = [line.rstrip() for line in log if line.strip()]
-        res.tail = "" if res.ok else "\n".join(lines[-6:])
-        res.warning = "; ".join(line.strip() for line in lines if "(CUDA graph capture failed" in line)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.ExitStack() as folders:  # each removed at the end, a Ctrl-C's included
+        for s, pinned in zip(settings, cpus or [None] * len(settings)):
+            tmp = folders.enter_context(tempfile.TemporaryDirectory(prefix="speed_", ignore_cleanup_errors=True))
+            unset = ["--unset=OMP_NUM_THREADS", "--unset=MKL_NUM_THREADS"] if by_hand else []
+            variables = [f"{k}={v}" for k, v in {"WANDB_MODE": "disabled", **s.env}.items()]
+            argv = [os.path.join(ROOT, s.args[0]), *s.argv(scale)[1:]]
+            command = ["env", *unset, f"--chdir={tmp}", *variables, sys.executable, *argv]
+            proc = sweep.start_run(command, pinned or budget, pinned is not None, os.path.join(tmp, "log"))
+            runs.append((Result(s.shown(scale), steps=s.steps(scale)), tmp, proc))
+        try:
+            for res, _, proc in runs:  # a wall time is when its wait ended: for runs at once, an upper bound
+                try:
+                    proc.wait(max(0.0, start + timeout - time.perf_counter()))
+                except subprocess.TimeoutExpired:
+                    res.status = f"timed out after {timeout:.0f} s"
+                    stop(proc)
+                res.wall = time.perf_counter() - start
+        except BaseException:  # Ctrl-C reaches only this tool: the runs have sessions of their own
+            for _, _, proc in runs:
+                stop(proc, wait=False)
+            raise
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # all the runs': one's when alone
+        for res, tmp, proc in runs:
+            res.cpu_s = cpu_s if len(runs) == 1 else None
+            rc = proc.returncode
+            if res.status == "ok" and rc:
+                res.status = f"failed (exit {rc})" if rc > 0 else f"killed by {signal.Signals(-rc).name}"
+            elif res.status == "ok":
+                res.__dict__.update(read_metrics(os.path.join(tmp, "runs")))
+                res.status = "ok" if res.sps is not None else "no charts/SPS logged (budget below two iterations?)"
+            log = Path(tmp, "log").read_text(errors="replace").splitlines()[1:]  # below the command line
+            lines = [line.rstrip() for line in log if line.strip()]
+            res.tail = "" if res.ok else "\n".join(lines[-6:])
+            res.warning = "; ".join(line.strip() for line in lines if "(CUDA graph capture failed" in line)
     return [res for res, _, _ in runs]
 
 
