@@ -45,6 +45,7 @@ SET_BY_TUNER |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script its
 NOT_TUNABLE = {*SET_BY_TUNER, "gpu", "cuda_offset", "eval_episodes", "track", "wandb_project_name", "wandb_entity"}
 NOT_TUNABLE |= {"capture_video", "progress_bar", "checkpoint_every", "total_timesteps", "num_threads"}
 HEARTBEAT_S = 60.0  # how often a tuner stamps its running trials (user attribute tune:heartbeat)
+ALL_FAILED = 3  # failed trials, and not one complete or pruned: the command is wrong, and the tuner stops
 say = functools.partial(print, "[tune]", flush=True)
 
 
@@ -204,7 +205,10 @@ class TrialRun:
         self.read()
         if self.status == "finished" or stopping:
             return "finished" if self.status == "finished" else "stopped"
-        return f"a run exited with code {self.proc.returncode} (checkpoint {self.status}): see {self.log}"
+        with open(self.log, errors="replace") as log:  # the script's one-line error says what to change
+            said = [line.strip() for line in log if line.startswith("error:")]
+        why = f"{said[-1]}; " if said else ""
+        return f"a run exited with code {self.proc.returncode} ({why}checkpoint {self.status}): see {self.log}"
 
 
 def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> tuple[float | None, dict[str, float]]:
@@ -271,6 +275,13 @@ def counted(trials) -> int:
     """The trials that count towards --trials: all but the waiting ones and the failed ones queued again."""
     continued = {t.user_attrs.get("tune:continues") for t in trials}
     return sum(t.state.name != "WAITING" and not (t.state.name == "FAIL" and t.number in continued) for t in trials)
+
+
+def all_failed(trials) -> bool:
+    """ALL_FAILED trials failed (not counting those queued again) and none completed or was pruned."""
+    continued = {t.user_attrs.get("tune:continues") for t in trials}
+    failed = sum(t.state.name == "FAIL" and t.number not in continued for t in trials)
+    return failed >= ALL_FAILED and not any(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
 
 
 def requeue(study, t, reason: str = "") -> bool:
@@ -350,6 +361,9 @@ class Worker:
                 trial.set_user_attr("tune:end", result)
                 self.study.tell(trial, state=optuna.trial.TrialState[state.upper()])
                 say(f"trial {trial.number} FAILED: {result}" if state == "fail" else f"trial {trial.number} {result}")
+                if state == "fail" and all_failed(self.study.get_trials(deepcopy=False)):  # not burn every trial
+                    self.failure = self.failure or f"its first {ALL_FAILED} trials failed, the last: {result}"
+                    self.stopper.stop()
 
     def run_trial(self, trial, slot: sweep.Slot) -> tuple[str, object]:
         """Run the trial's runs in ``slot``: (complete, value), (pruned or fail, why) or (stopped, why)."""

@@ -161,6 +161,22 @@ def test_a_worker_thread_that_fails_ends_the_tuner_with_one_error_line(tmp_path,
     assert "worker is done" not in captured.out
 
 
+def test_a_study_whose_trials_all_fail_stops_with_the_runs_error(tmp_path, capsys, monkeypatch):
+    """Before: a wrong flag after -- failed every one of --trials in seconds, and the error of the runs was only in
+    their logs."""
+    monkeypatch.setattr(tune, "RUNS_DIR", str(tmp_path))
+    log = tmp_path / "t000.log"
+    log.write_text("# the command\nerror: --num-envs must be at least 1, got 0\n")
+    failed = tune.TrialRun(None, [], str(log), "*", proc=subprocess.CompletedProcess([], 2))
+    monkeypatch.setattr(tune.Worker, "run_trial", lambda self, trial, slot: ("fail", failed.ended(False)))
+    argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(tmp_path / "j"), "--param", "gamma=0.9:0.99"]
+    assert tune.main([*argv, "--log-dir", str(tmp_path / "logs"), "--trials", "10", "--jobs", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("FAILED") == tune.ALL_FAILED  # not all 10
+    why = f"a run exited with code 2 (error: --num-envs must be at least 1, got 0; checkpoint None): see {log}"
+    assert captured.err.startswith(f"error: the tuner failed (its first 3 trials failed, the last: {why}); ")
+
+
 def test_the_value_is_read_from_event_files_as_they_grow(tmp_path, monkeypatch):
     from torch.utils.tensorboard import SummaryWriter
 
