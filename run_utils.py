@@ -118,6 +118,9 @@ def shared_checks(args) -> dict[str, bool]:
     checks = {
         f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0 <= args.seed < 2**32,  # numpy's seeding: no other
         "--resume trains and --eval-checkpoint evaluates: pass one": not (args.resume and args.eval_checkpoint),
+        "--eval-checkpoint runs in one process: start it with python, not torchrun": not (
+            args.eval_checkpoint and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        ),
         f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
         f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
         f"--eval-episodes must be at least 1, got {args.eval_episodes}": args.eval_episodes >= 1,

@@ -113,6 +113,14 @@ def test_resume_with_eval_checkpoint_is_one_line_error(script, finished, tmp_pat
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+def test_eval_checkpoint_under_torchrun_is_one_line_error(script, finished, tmp_path, monkeypatch):
+    """Before: every process of the job evaluated the file, each printing its own result line."""
+    args = ["--eval-checkpoint", finished(script) / f"{script}.model"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert_one_line_error(cli(script, args, tmp_path), "--eval-checkpoint runs in one process: start it with python")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_eval_saved_model_and_checkpoint(script, finished, tmp_path):
     run_dir = finished(script)
     for path in [run_dir / f"{script}.model", run_dir / "checkpoint.pt"]:
