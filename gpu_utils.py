@@ -256,6 +256,7 @@ class CpuShare:
                 os.rename(self.directory / f"{name}.new", self.path)
         except OSError as exc:
             problem = f"cannot use {self.directory}: {exc.strerror or type(exc).__name__}"
+            (self.directory / f"{name}.new").unlink(missing_ok=True)  # a file system without locks: nothing left
             self._file = None
         if problem:  # a run never fails for want of a share: it keeps its budget, alone
             print(f"threads: no CPU share with other runs ({problem})")

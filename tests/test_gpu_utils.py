@@ -709,6 +709,17 @@ def test_cpu_share_runs_without_a_share_where_its_directory_is_unusable(eight_cp
     assert eight_cpus == []  # nothing set
 
 
+def test_cpu_share_leaves_no_file_where_locks_fail(eight_cpus, tmp_path, capsys, monkeypatch):
+    """Before: a file system without locks (ENOLCK) kept a <time>-<pid>.new file for every run started there."""
+    import errno
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", lambda *args: (_ for _ in ()).throw(OSError(errno.ENOLCK, "No locks")))
+    share = gpu_utils.CpuShare(gpu_utils.thread_budget(), tmp_path, interval=0)
+    assert "threads: no CPU share with other runs (cannot use" in capsys.readouterr().out
+    assert share.update() is False and list(tmp_path.iterdir()) == []
+
+
 def test_cpu_share_opens_only_regular_lock_files_of_its_own(eight_cpus, tmp_path):
     """Before: a FIFO named *.lock hung every new run in live_runs()."""
     os.mkfifo(tmp_path / "0-fifo.lock")
