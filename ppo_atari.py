@@ -557,7 +557,7 @@ if __name__ == "__main__":
         # ---------------- logging: one pull of scalars to the host per iteration
         del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
-        stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
+        stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
         stop_now = torch.tensor([float(bool(run.stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)

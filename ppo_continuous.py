@@ -473,7 +473,7 @@ if __name__ == "__main__":
         # ---------------- logging: one pull of scalars to the host per iteration
         del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
-        stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0)
+        stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
         # the weights are checked before a checkpoint could save them
         *pulled, finite = torch.stack([*stats.values(), run_utils.weights_finite(params)]).tolist()
         diverged = not finite

@@ -114,6 +114,15 @@ def test_two_iterations_write_expected_keys(base_run):
         assert torch.load(run_dir / name, weights_only=True)["script"] == "ppo_atari", name
 
 
+def test_explained_variance_of_returns_that_do_not_vary_is_zero(tmp_path):
+    """Before: with --gamma 0 and no point scored, every return is 0, Var(returns) is 0, and 1 - x / 0 was logged as
+    -3.4e38 (nan_to_num of -inf), which wrecks any mean over the run."""
+    out = run([*TINY, "--total-timesteps", "64", "--gamma", "0"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    tags = scalars(glob.glob(str(tmp_path / "runs" / "*"))[0])
+    assert [value for _, value in tags["losses/explained_variance"]] == [0.0, 0.0]
+
+
 def test_episodic_return_logged(tmp_path):
     out = run([*TINY, "--total-timesteps", "512", "--num-steps", "128", "--num-minibatches", "1"], tmp_path)
     assert out.returncode == 0, out.stderr
