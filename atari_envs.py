@@ -1,7 +1,7 @@
 """ppo_atari.py's envs: ALE v5 games in ale-py's C++ vector env, and the full-game accounting its PPO loop needs.
 
 ``make_envs`` builds one ``ale_py.AtariVectorEnv`` with v5's settings (sticky actions 0.25, the minimal action set,
-frameskip 4 with a max-pool, 84x84 grayscale, a stack of 4 frames, up to 30 no-op starts, FIRE on reset, a frame cap)
+frameskip 4 with a max-pool, 84x84 grayscale, a stack of 4 frames, 0 to 29 no-op frames, FIRE on reset, a frame cap)
 and same-step auto-reset, stepped by C++ threads; raw rewards and game-over terminals come out of it.
 ``EpisodeTracker`` turns them into what PPO learns from (rewards clipped to [-1, 1], a lost life as a done) and what
 a run logs (each game's score over all its lives and its length), as CleanRL's ``EpisodicLifeEnv``,
