@@ -1,4 +1,4 @@
-"""An audit of continuous_envs.py against CleanRL's ppo_continuous_action.py, pinned: HostEnvs processes observations
+"""continuous_envs.py against CleanRL's ppo_continuous_action.py: HostEnvs processes observations
 and rewards as CleanRL's per-env wrapper stack does (gymnasium's ClipAction, NormalizeObservation, NormalizeReward,
 each clipped to +-10) for as long as no episode ends; at an episode's end it differs by design (docs/ppo_continuous.md,
 items 6-8): a time limit bootstraps from the critic's value of the true last observation (this file checks that only
@@ -105,6 +105,7 @@ def test_only_a_time_limit_bootstraps_from_the_true_last_observation(env_id, lim
     np.testing.assert_allclose(logged, returns)  # charts/episodic_return: the raw rewards, not the scaled ones
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(mjx_envs.missing_extra()), reason=mjx_envs.missing_extra() or "")
 def test_device_envs_process_mjx_worlds_as_host_envs_do():
     """DeviceEnvs (statistics and results on the device) against HostEnvs' numpy code fed the same worlds' outputs:
