@@ -167,7 +167,7 @@ def test_a_study_whose_trials_all_fail_stops_with_the_runs_error(tmp_path, capsy
     monkeypatch.setattr(tune, "RUNS_DIR", str(tmp_path))
     log = tmp_path / "t000.log"
     log.write_text("# the command\nerror: --num-envs must be at least 1, got 0\n")
-    failed = tune.TrialRun(None, [], str(log), "*", proc=subprocess.CompletedProcess([], 2))
+    failed = tune.TrialRun(None, [], str(log), "no-run-*", proc=subprocess.CompletedProcess([], 2))  # none started
     monkeypatch.setattr(tune.Worker, "run_trial", lambda self, trial, slot: ("fail", failed.ended(False)))
     argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(tmp_path / "j"), "--param", "gamma=0.9:0.99"]
     assert tune.main([*argv, "--log-dir", str(tmp_path / "logs"), "--trials", "10", "--jobs", "1"]) == 2
