@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the smallest CPU budget each script's own tests use, one run that saves a model and a checkpoint
 TINY = {
     "ppo_atari": ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"]
-    + ["--env-threads", "1", "--total-timesteps", "64", "--checkpoint-every", "1"],
+    + ["--env-threads", "1", "--total-timesteps", "64", "--checkpoint-every", "1"]
+    + ["--max-episode-frames", "100"],  # a frame cap at agent step 25: the fingerprint holds its bootstrap and a game
     "ppo_continuous": ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2"]
     + ["--update-epochs", "1", "--gpu", "false", "--total-timesteps", "256"],  # Pendulum's time limit at step 200
     "dqn_snake_vec": ["--num-envs", "32", "--batch-size", "32", "--buffer-size", "4096", "--learning-starts", "128"]
