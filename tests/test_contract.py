@@ -279,8 +279,9 @@ def test_resuming_a_finished_run_does_nothing(script, finished, tmp_path):
     assert (run_dir / "checkpoint.pt").stat().st_mtime_ns == written
 
 
-# the first update step of a TINY run's last iteration: 2 iterations of 2 minibatches (ppo_continuous: 4, past Pendulum's
-# time limit, so that the fingerprint holds the bootstrap and the episode accounting); Snake learns in iterations 5-8
+# the first update step of a TINY run's last iteration: 2 iterations of 2 minibatches (ppo_continuous: 4, past
+# Pendulum's time limit, so that the fingerprint holds the bootstrap and the episode accounting); Snake learns in
+# iterations 5-8
 LAST_ITERATION_UPDATE = {"ppo_atari": 3, "ppo_continuous": 7, "dqn_snake_vec": 4}
 
 
@@ -290,6 +291,27 @@ def run_with(prefix, script, args, cwd):
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, *prefix, str(ROOT / f"{script}.py"), "--no-progress-bar", *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_track_mirrors_to_wandb_and_a_resume_continues_the_same_wandb_run(tmp_path):
+    """--track (W&B offline in tests): the W&B run's id goes into the checkpoint, and --resume --track continues that
+    W&B run (the same id) rather than starting another; the mirrored config holds the run's settings. One script: the
+    W&B calls are run_utils.Run's, the same for all three."""
+    script = "ppo_continuous"
+    pytest.importorskip("wandb")
+    res = run_with(at_update_prefix("sigterm", 1), script, [*TINY[script], "--track"], tmp_path)  # a mid-run stop
+    assert res.returncode == 0 and "stopping on SIGTERM" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    wandb_id = run_utils.read_checkpoint(ckpt_path)["wandb_id"]
+    assert wandb_id and glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{wandb_id}" / "run-*.wandb"))
+    res = run(script, ["--resume", ckpt_path, "--track"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ckpt = run_utils.read_checkpoint(ckpt_path)
+    assert ckpt["status"] == "finished" and ckpt["wandb_id"] == wandb_id
+    legs = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*")))
+    assert len(legs) == 2 and all(leg.endswith(f"-{wandb_id}") for leg in legs), legs
+    (records,) = glob.glob(str(Path(legs[-1]) / "run-*.wandb"))  # what a `wandb sync` uploads: the config is in it
+    assert b"total_timesteps" in Path(records).read_bytes()
 
 
 @pytest.mark.parametrize("script", ["ppo_atari", "ppo_continuous"])
