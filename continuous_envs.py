@@ -13,6 +13,7 @@ observation, count each episode's return and length, and keep their statistics i
 a resumed run and a loaded model see what training saw. Importing this module has no side effects.
 """
 
+import os
 import sys
 
 import gymnasium as gym
@@ -35,6 +36,23 @@ def warn_once_per_process() -> None:
     import mujoco  # here, not at the top: importing it reads MUJOCO_GL, which a video env sets first
 
     mujoco.set_mju_user_warning(_warn_once)
+
+
+def action_space(env_id: str, video: bool = False) -> gym.Space:
+    """The action space of one ``env_id`` env. With ``video`` it first renders a frame, as --capture-video will, so
+    that a missing renderer (pygame for the classic-control envs, an OpenGL for MuJoCo) is a one-line ValueError before
+    the run writes anything rather than a traceback at its first reset."""
+    if video and not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering, as ppo_continuous's make_env sets it
+    with gym.make(env_id, render_mode="rgb_array" if video else None) as env:
+        try:
+            if video:
+                env.reset(seed=0)
+                env.render()
+        except Exception as exc:  # noqa: BLE001 - gymnasium's DependencyNotInstalled, MuJoCo's GL errors, ...
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"--capture-video: {env_id} cannot render here ({reason}); drop --capture-video") from None
+        return env.action_space
 
 
 class RunningMeanStd:

@@ -133,8 +133,9 @@ def validate(args: Args, evaluating: bool) -> None:
     hidden_sizes(args.network_arch)
     if args.env_id not in gym.envs.registry:
         raise ValueError(f"unknown env id {args.env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1")
-    with gym.make(args.env_id) as probe:
-        act_space = probe.action_space
+    act_space = continuous_envs.action_space(
+        args.env_id, video=args.capture_video and args.sim == "cpu" and not evaluating
+    )
     if not isinstance(act_space, gym.spaces.Box):
         kind = type(act_space).__name__
         raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")

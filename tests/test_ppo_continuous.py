@@ -155,6 +155,18 @@ def test_bad_input_gives_one_line_error_before_training(tmp_path, argv, words):
     assert not (tmp_path / "runs").exists()
 
 
+def test_capture_video_without_a_renderer_is_one_line_error(tmp_path, monkeypatch):
+    """Before: Pendulum's first frame raised gymnasium's DependencyNotInstalled (no pygame) as a traceback at the first
+    reset, after the run had written its folder."""
+    (tmp_path / "no_pygame").mkdir()
+    (tmp_path / "no_pygame" / "pygame.py").write_text("raise ImportError('no pygame here')\n")  # as if not installed
+    monkeypatch.syspath_prepend(str(tmp_path / "no_pygame"))
+    monkeypatch.delitem(sys.modules, "pygame", raising=False)
+    res = run_in_process(SCRIPT, ["--env-id", "Pendulum-v1", "--capture-video"], tmp_path)
+    assert_one_line_error(res, "--capture-video: Pendulum-v1 cannot render here (pygame is not installed")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_gpu_true_without_cuda(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
