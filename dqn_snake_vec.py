@@ -415,7 +415,9 @@ if __name__ == "__main__":
     train_stats = {name: torch.zeros((), device=device) for name in ("updates", "td_loss", "q_values")}
     target_params = list(target_network.parameters())
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
-    updates = itertools.count(1)  # gradient updates so far, counted on the host (a graph needs frequency 1)
+    # gradient updates so far, counted on the host (a graph needs frequency 1); a resumed run's go on from Adam's count
+    past_updates = int(optimizer.state[params[0]]["step"]) if optimizer.state else 0
+    updates = itertools.count(past_updates + 1)
 
     def collect(obs, epsilon):
         """Act on every game, step them all, push the step to the n-step ring and its n-step transition to the

@@ -12,7 +12,7 @@ from collections import deque
 
 import pytest
 import torch
-from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process, scalars
+from helpers import assert_micro_batches_match, assert_one_line_error, at_update_prefix, run_in_process, scalars
 
 import run_utils
 
@@ -529,6 +529,28 @@ def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
     final = run_utils.read_checkpoint(ckpt_path)
     assert final["iteration"] == k + 4 and final["status"] == "finished"
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory
+
+
+def test_a_resumed_run_keeps_the_phase_of_its_target_network_updates(tmp_path):
+    """--target-network-frequency 2 with --tau 1: the target is a copy of the Q-network after every 2nd gradient update,
+    counted over the whole run. So at the end it equals the Q-network exactly when the run's update count (Adam's step)
+    is even. Before: a resumed leg counted its updates from 1 again, a shift by the first leg's 3."""
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    args = [*SMALL, "--height", 6, "--width", 6, "--total-timesteps", 256, "--target-network-frequency", 2, "--tau", 1]
+    cmd = [sys.executable, *at_update_prefix("sigterm", 3), SCRIPT, "--num-threads", "1", "--no-progress-bar"]
+    res = subprocess.run([*cmd, *map(str, args)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "stopping on SIGTERM" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    ckpt = run_utils.read_checkpoint(ckpt_path)
+    assert int(ckpt["optimizer"]["state"][0]["step"]) == 3  # the third training step's update, then the stop
+    ckpt["args"]["total_timesteps"] = 32 * (ckpt["iteration"] + 9)  # learning again from 4 iterations on: 5 updates
+    torch.save(ckpt, ckpt_path)
+    res = run(["--resume", ckpt_path], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    final = run_utils.read_checkpoint(ckpt_path)
+    updates = int(final["optimizer"]["state"][0]["step"])
+    copied = all(torch.equal(final["target_network"][k], final["model"][k]) for k in final["model"])
+    assert updates == 8 and copied  # updates 2, 4, 6 and 8 copied it; 8 was the last
 
 
 def test_a_resumed_run_writes_its_videos_beside_the_earlier_ones(tmp_path):
