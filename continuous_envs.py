@@ -33,7 +33,7 @@ def warn_once_per_process() -> None:
     """Make MuJoCo print each distinct warning once in this process, on stderr, instead of at every model it compiles
     and into MUJOCO_LOG.TXT in the working directory: gymnasium's half_cheetah.xml warns of a deprecated attribute
     (MuJoCo 4.0), once for each of a run's thousands of envs."""
-    import mujoco  # here, not at the top: importing it reads MUJOCO_GL, which a video env sets first
+    import mujoco  # here, not at the top: importing it reads MUJOCO_GL, which action_space sets first for a video
 
     mujoco.set_mju_user_warning(_warn_once)
 
@@ -43,7 +43,7 @@ def action_space(env_id: str, video: bool = False) -> gym.Space:
     that a missing renderer (pygame for the classic-control envs, an OpenGL for MuJoCo) is a one-line ValueError before
     the run writes anything rather than a traceback at its first reset."""
     if video and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering, as ppo_continuous's make_env sets it
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering, for the run's video env too (made later)
     with gym.make(env_id, render_mode="rgb_array" if video else None) as env:
         try:
             if video:

@@ -173,8 +173,6 @@ def make_env(env_id, idx, capture_video, video_folder, in_subprocess):
         if in_subprocess and os.getpid() != parent:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if capture_video and idx == 0 and not os.environ.get("DISPLAY"):
-            os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering
         continuous_envs.warn_once_per_process()
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
