@@ -171,7 +171,8 @@ class Rollout:
             self.rewards[step, rows] += bootstrap(info["final_obs"], truncated, terminated)
         if recorder is None or group != 0:
             return []
-        return [recorder.add(agent_view(self.host_obs_np[0]), bool(over[0]))]
+        frame = info["final_obs"][0] if over[0] else self.host_obs_np[0]  # a game's last frame, not the next's first
+        return [recorder.add(agent_view(frame), bool(over[0]))]
 
 
 class AsyncRollout:
@@ -240,7 +241,8 @@ class AsyncRollout:
             self.games += zip(scores[over].tolist(), lengths[over].tolist())
             if recorder is not None and (env == 0).any():
                 k = int(np.argmax(env == 0))
-                videos.append(recorder.add(agent_view(obs[done[k]]), bool(over[k])))
+                frame = info["final_obs"][done[k]] if over[k] else obs[done[k]]  # a game's last frame, not the next's
+                videos.append(recorder.add(agent_view(frame), bool(over[k])))
             stored = np.flatnonzero(self.storing[env])
             env, pos = env[stored], done[stored]
             row = self.count[env]
@@ -485,8 +487,8 @@ if __name__ == "__main__":
     run.note_estimate(est, global_step)
 
     def update_step(mb):
-        """One minibatch step on the rows `mb` of the rollout: loss, backward, clipping, Adam. No host sync, so that
-        under --cudagraphs it runs as one captured CUDA graph; elsewhere it runs eagerly."""
+        """One minibatch step on the rows `mb` (loss, backward, clipping, Adam), with no host sync: --cudagraphs
+        captures it as one CUDA graph."""
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
@@ -561,8 +563,7 @@ if __name__ == "__main__":
         stop_now = torch.tensor([float(bool(run.stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
-        # whether the weights are finite rides along, checked before a checkpoint could save them; it is the same in
-        # every process (the gradients are all-reduced)
+        # whether the weights are finite rides along, checked before a checkpoint could save them (all processes agree)
         pulled = torch.stack([*stats.values(), stop_now[0], run_utils.weights_finite(params)]).tolist()
         *losses, stopping, finite = pulled
         diverged = not finite

@@ -458,6 +458,75 @@ def test_two_halves_play_the_same_games_as_one_vector_env():
         envs.close()
 
 
+class RecvLog:
+    """Wraps a vector env and keeps what each recv() handed back: observations, game overs and last observations."""
+
+    def __init__(self, envs):
+        self.envs = envs
+        self.num_envs = envs.num_envs
+        self.single_action_space = envs.single_action_space
+        self.results = []
+
+    def reset(self, seed):
+        return self.envs.reset(seed=seed)
+
+    def send(self, actions):
+        self.envs.send(actions)
+
+    def recv(self):
+        obs, reward, terminated, truncated, info = self.envs.recv()
+        self.results.append((obs.copy(), terminated | truncated, info.get("final_obs")))
+        return obs, reward, terminated, truncated, info
+
+    def close(self):
+        self.envs.close()
+
+
+class FrameLog:
+    """A VideoRecorder that keeps the frames it is given, with whether each ended a game."""
+
+    def __init__(self):
+        self.frames = []
+
+    def add(self, frame, game_over):
+        self.frames.append((frame, game_over))
+
+
+def test_a_recorded_game_ends_on_its_own_last_frame():
+    """Before: the frame recorded at a game over was the observation after the step, which SameStep auto-reset makes
+    the next game's first; a game's last frame is in info["final_obs"]."""
+    args = ppo_atari.Args(max_episode_frames=40)  # games cut short after 10 agent steps
+    env_groups = [RecvLog(ppo_atari.make_envs(args, 1, 1)), ppo_atari.make_envs(args, 1, 1)]
+    num_steps = 25
+    obs = torch.zeros((num_steps, 2, 4, 84, 84), dtype=torch.uint8)
+    actions = torch.zeros((num_steps, 2), dtype=torch.long)
+    logprobs, values = torch.zeros((num_steps, 2)), torch.zeros((num_steps, 2))
+    next_obs = torch.zeros((2, 4, 84, 84), dtype=torch.uint8)
+    rewards, dones = np.zeros((num_steps, 2), np.float32), np.zeros((num_steps + 1, 2), np.float32)
+    storage = (obs, actions, logprobs, values, next_obs, rewards, dones)
+    rollout = ppo_atari.Rollout(env_groups, [slice(0, 1), slice(1, 2)], 1, storage, pin=False)
+    rng = np.random.default_rng(0)
+
+    def act(x):
+        return torch.as_tensor(rng.integers(0, 4, len(x))), torch.zeros(len(x)), torch.zeros(len(x))
+
+    recorder = FrameLog()
+    assert rollout.collect(act, lambda final_obs, truncated, terminated: 0.0, recorder) == []
+    results = env_groups[0].results
+    assert len(recorder.frames) == len(results) == num_steps
+    ends = 0
+    for (frame, game_over), (after, over, final_obs) in zip(recorder.frames, results):
+        assert game_over == over[0]
+        expected = final_obs[0] if over[0] else after[0]
+        assert np.array_equal(frame, ppo_atari.agent_view(expected))
+        ends += game_over
+        if game_over:  # the two differ, so the check above tells them apart
+            assert not np.array_equal(frame, ppo_atari.agent_view(after[0]))
+    assert ends == 2
+    for envs in env_groups:
+        envs.close()
+
+
 def test_overlapped_rollout_keeps_the_games_and_the_learning(tmp_path):
     """At the same seed the overlapped and sequential rollouts play the same games (the CPU's random stream gives the
     two halves the rows of the whole batch's noise): identical episodes, weights equal up to float rounding (the

@@ -241,6 +241,43 @@ def test_fake_async_env_every_env_stores_its_own_steps_in_order():
     assert stale  # steps sent in one collect that came back in the next: played, not stored (checked above)
 
 
+class FrameLog:
+    """A VideoRecorder that keeps the frames it is given, with whether each ended a game."""
+
+    def __init__(self):
+        self.frames = []
+
+    def add(self, frame, game_over):
+        self.frames.append((frame, game_over))
+
+
+def test_a_recorded_game_ends_on_its_own_last_frame():
+    """Before: the frame recorded at a game over was the observation recv() handed back, which SameStep auto-reset
+    makes the next game's first; a game's last frame is in info["final_obs"]."""
+    spy = Spy(FakeAsyncEnv(3, 2, speeds=[1.0, 1.4, 1.2]))
+    num_steps = 30
+    obs = torch.zeros((num_steps, 3, 4, 84, 84), dtype=torch.uint8)
+    actions = torch.zeros((num_steps, 3), dtype=torch.long)
+    logprobs, values = torch.zeros((num_steps, 3)), torch.zeros((num_steps, 3))
+    next_obs = torch.zeros((3, 4, 84, 84), dtype=torch.uint8)
+    rewards, dones = np.zeros((num_steps, 3), np.float32), np.zeros((num_steps + 1, 3), np.float32)
+    rollout = ppo_atari.AsyncRollout(spy, 1, (obs, actions, logprobs, values, next_obs, rewards, dones))
+
+    def act(batch_obs):
+        spy.policy |= {e: (0.0, 0.0) for e in spy.ids}
+        return torch.zeros(len(batch_obs), dtype=torch.long), torch.zeros(len(batch_obs)), torch.zeros(len(batch_obs))
+
+    recorder = FrameLog()
+    assert rollout.collect(act, bootstrap, recorder) == []
+    steps = spy.log[0]  # env 0's steps that came back, stored or not, in order
+    assert len(recorder.frames) == len(steps) >= num_steps
+    for (frame, game_over), step in zip(recorder.frames, steps):
+        assert game_over == (step["terminated"] or step["truncated"])
+        expected = step["final_obs"] if game_over else step["next_obs"]
+        assert np.array_equal(frame, ppo_atari.agent_view(expected))
+    assert sum(game_over for _, game_over in recorder.frames) >= 3
+
+
 def test_ale_async_env_every_env_stores_its_own_steps_in_order():
     args = ppo_atari.Args(max_episode_frames=200)  # 50 agent steps: games are cut short within the test
     envs = ppo_atari.make_envs(args, 4, 1, batch_size=2)
