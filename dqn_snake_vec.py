@@ -489,6 +489,7 @@ if __name__ == "__main__":
             text = f"eps {epsilon:.2f}, return -"
             if count:
                 logs |= {f"charts/{chart}": value / count for chart, value in zip(episode_charts.values(), sums)}
+                logs["charts/episodes"] = count  # the games these means are over: a report weighs the windows by it
                 means = logs["charts/episodic_return"], logs["charts/snake_length"]
                 text = f"eps {epsilon:.2f}, return {means[0]:.2f}, length {means[1]:.1f}"
             if num_updates:

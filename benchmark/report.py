@@ -26,6 +26,7 @@ import run_utils  # in the repository root, which importing sweep puts on sys.pa
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 RETURN_TAG = "charts/episodic_return"
+EPISODES_TAG = "charts/episodes"  # dqn_snake_vec: how many games each logged return is the mean of (else one)
 SPS_TAG = "charts/SPS"
 STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a run's budget
     "losses/entropy": "entropy",
@@ -63,6 +64,7 @@ class Run:
     seed: int
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the steps the episodes ended at
     returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0))  # games behind each return (1, or a window's)
     last_step: int = 0
     wall_time: float = 0.0  # the segments' summed, not the time between a stop and its resume
     last_event: float = 0.0
@@ -78,10 +80,10 @@ class Run:
 
     @property
     def episodes(self) -> int:
-        return len(self.returns)
+        return int(self.counts.sum())
 
     def final_return(self, last_n: int) -> float | None:
-        return float(np.mean(self.returns[-last_n:])) if self.episodes else None
+        return mean_of_last(self.returns, self.counts, last_n)
 
     def status(self, now: float, recent_s: float, long: bool = False) -> str:
         """done | stopped | diverged | running | stale, with how far it got (``long``: and what to do about it)."""
@@ -122,6 +124,14 @@ def read_event_file(file: str) -> tuple[Scalars, dict[str, str]]:
     return {tag: events for tag, events in scalars.items() if events}, texts
 
 
+def mean_of_last(returns: np.ndarray, counts: np.ndarray, last_n: int) -> float | None:
+    """The mean return of the last ``last_n`` episodes (None without one); a return logged as the mean of several
+    games (``counts``) counts as that many, the oldest of them cut to fit."""
+    later = np.cumsum(counts[::-1])[::-1] - counts  # the games that ended after each
+    weights = np.clip(last_n - later, 0, counts)
+    return float(np.dot(weights, returns) / weights.sum()) if len(returns) else None
+
+
 def load_run(path: str) -> Run | None:
     """A run folder's segments, returns, SPS, statistics and status; None for a folder not named as a run."""
     name = os.path.basename(os.path.normpath(path))
@@ -146,8 +156,9 @@ def load_run(path: str) -> Run | None:
         seg.last_step = max(e[0] for e in kept_events)
         seg.wall_time = max(e[1] for e in kept_events) - min(e[1] for e in kept_events)
         run.last_event = max(run.last_event, max(e[1] for e in events[i]))  # a crash's last words count for "stale"
-        returns += [(e[0], e[2]) for e in kept.get(RETURN_TAG, [])]
-        seg.episodes = len(kept.get(RETURN_TAG, []))
+        counts = {e[0]: e[2] for e in kept.get(EPISODES_TAG, [])}  # logged at the same step as the mean
+        returns += [(e[0], e[2], counts.get(e[0], 1)) for e in kept.get(RETURN_TAG, [])]
+        seg.episodes = int(sum(counts.get(e[0], 1) for e in kept.get(RETURN_TAG, [])))
         if kept.get(SPS_TAG):
             seg.sps = float(np.median([e[2] for e in kept[SPS_TAG]]))
             sps.setdefault(seg.device, []).extend(e[2] for e in kept[SPS_TAG])
@@ -161,7 +172,7 @@ def load_run(path: str) -> Run | None:
         if envs.isdecimal() and steps.isdecimal():
             run.iteration_steps = int(envs) * int(steps)
     returns.sort(key=lambda r: r[0])  # stable: episodes that ended at the same step keep their order
-    run.steps, run.returns = np.array(returns, dtype=np.float64).reshape(-1, 2).T
+    run.steps, run.returns, run.counts = np.array(returns, dtype=np.float64).reshape(-1, 3).T
     run.stats = {tag: np.array(sorted(values), dtype=np.float64) for tag, values in stats.items()}
     run.sps_by_device = {device: float(np.median(values)) for device, values in sps.items()}
     run.last_step = max((seg.last_step for seg in run.segments), default=0)
@@ -280,7 +291,8 @@ def run_table(runs: list[Run], last_n: int, now: float, recent: float) -> list[s
     rows = []
     for r in runs:
         last = r.returns[-last_n:]  # ± its standard error: how far one seed's mean may sit from its expectation
-        se = f" ± {fmt(float(np.std(last, ddof=1) / np.sqrt(len(last))), 1)}" if len(last) > 1 else ""
+        one_each = len(last) > 1 and r.counts.max() == 1  # a mean over a window's games has no spread to read
+        se = f" ± {fmt(float(np.std(last, ddof=1) / np.sqrt(len(last))), 1)}" if one_each else ""
         ret = fmt(r.final_return(last_n), 1) + se
         sps, device = device_cells([r])
         rows.append([r.name, r.episodes, ret, f"{r.last_step:,}", fmt_time(r.wall_time), sps, device])
@@ -309,11 +321,12 @@ def segments_section(runs: list[Run]) -> list[str]:
 
 
 def band_means(values: np.ndarray, edges: np.ndarray) -> list[float | None]:
-    """The mean of the (step, value) rows in each band (lo, hi] of ``edges``; None for a band with none."""
+    """The mean of the (step, value[, weight]) rows in each band (lo, hi] of ``edges``; None for a band with none."""
+    weights = values[:, 2] if values.shape[1] > 2 else np.ones(len(values))
     means = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         inside = (values[:, 0] > lo) & (values[:, 0] <= hi)
-        means.append(float(values[inside, 1].mean()) if inside.any() else None)
+        means.append(float(np.average(values[inside, 1], weights=weights[inside])) if inside.any() else None)
     return means
 
 
@@ -330,7 +343,7 @@ def stats_section(runs: list[Run]) -> list[str]:
         edges = edges[: int(np.searchsorted(edges, r.last_step)) + 1]  # the bands the run has reached
         if r.last_step + max(r.iteration_steps, 1) <= edges[-1]:  # short of its band's end by an iteration or more
             edges[-1] = r.last_step
-        columns = [band_means(np.column_stack([r.steps, r.returns]), edges)]
+        columns = [band_means(np.column_stack([r.steps, r.returns, r.counts]), edges)]
         columns += [band_means(r.stats[tag], edges) for tag in tags]
         rows = []
         for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
@@ -357,16 +370,17 @@ def references_section(envs: list[str], refs: dict[str, list[Reference]]) -> lis
 
 
 def curve_on_grid(runs: list[Run], grid: np.ndarray, smooth: int) -> np.ndarray:
-    """One row per run: its return, a trailing mean over up to ``smooth`` episodes, interpolated onto ``grid``; NaN
-    outside the steps it covered."""
+    """One row per run: its return, a trailing mean over up to ``smooth`` episodes (a logged mean of several games
+    counts as that many), interpolated onto ``grid``; NaN outside the steps it covered."""
     rows = np.full((len(runs), len(grid)), np.nan)
     for row, r in zip(rows, runs):
         if r.episodes:
-            csum = np.cumsum(np.insert(r.returns, 0, 0.0))
-            end = np.arange(1, r.episodes + 1)
-            start = np.maximum(0, end - smooth)
+            games = np.cumsum(np.insert(r.counts, 0, 0.0))  # the games ended by each logged return
+            csum = np.cumsum(np.insert(r.returns * r.counts, 0, 0.0))
+            start = np.maximum(0, games[1:] - smooth)
+            trailing = (csum[1:] - np.interp(start, games, csum)) / (games[1:] - start)
             inside = (grid >= r.steps[0]) & (grid <= r.steps[-1])
-            row[inside] = np.interp(grid[inside], r.steps, (csum[end] - csum[start]) / (end - start))
+            row[inside] = np.interp(grid[inside], r.steps, trailing)
     return rows
 
 

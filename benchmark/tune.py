@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
@@ -185,7 +187,7 @@ class TrialRun:
     run_dir: str | None = None
     proc: object = None
     outcome: str = ""  # finished, stopped, or why it failed; "" before it ended
-    returns: list = field(default_factory=list)  # (step, return) of its finished episodes, in order
+    returns: list = field(default_factory=list)  # (step, return, games it is the mean of) as logged, in order
     last_step: int = 0
     status: str | None = None  # its checkpoint's
     sizes: tuple = ()  # the event files' sizes when last read
@@ -196,7 +198,8 @@ class TrialRun:
         files = sorted(glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*"))) if self.run_dir else []
         if files and tuple(map(os.path.getsize, files)) != self.sizes:
             self.sizes, run = tuple(map(os.path.getsize, files)), report.load_run(self.run_dir)
-            self.returns, self.last_step = list(zip(run.steps.tolist(), run.returns.tolist())), run.last_step
+            self.returns = list(zip(run.steps.tolist(), run.returns.tolist(), run.counts.tolist()))
+            self.last_step = run.last_step
             self.status = run.checkpoint_status
 
     def ended(self, stopping: bool) -> str:
@@ -216,10 +219,10 @@ def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> 
     while a run has no finished episode."""
     scores: dict[str, list[float]] = {}
     for r in runs:
-        returns = [v for step, v in r.returns if step <= until][-config["last_episodes"] :]
-        if not returns:
+        kept = np.array([(v, games) for step, v, games in r.returns if step <= until]).reshape(-1, 2)
+        if not len(kept):
             return None, {}
-        scores.setdefault(r.env or "its env", []).append(sum(returns) / len(returns))
+        scores.setdefault(r.env or "its env", []).append(report.mean_of_last(*kept.T, config["last_episodes"]))
     score = {env: sum(v) / len(v) for env, v in scores.items()}
     value = sum(s / config["references"].get(env, 1.0) for env, s in score.items()) / len(score)
     return value, score

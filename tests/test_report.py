@@ -8,6 +8,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from helpers import save_checkpoint_with_code
 
@@ -209,8 +210,8 @@ def test_report_refuses_a_references_file_it_cannot_use(tmp_path):
 def test_report_curve_interpolation():
     import numpy as np
 
-    a = rep.Run("a", "a", "E", "x", 1, steps=np.array([0.0, 100.0]), returns=np.array([0.0, 10.0]))
-    b = rep.Run("b", "b", "E", "x", 2, steps=np.array([0.0, 50.0]), returns=np.array([2.0, 2.0]))
+    a = rep.Run("a", "a", "E", "x", 1, steps=np.array([0.0, 100.0]), returns=np.array([0.0, 10.0]), counts=np.ones(2))
+    b = rep.Run("b", "b", "E", "x", 2, steps=np.array([0.0, 50.0]), returns=np.array([2.0, 2.0]), counts=np.ones(2))
     ys = rep.curve_on_grid([a, b], np.array([0.0, 50.0, 100.0]), smooth=1)
     assert np.allclose(ys[0], [0, 5, 10])
     assert np.allclose(ys[1, :2], [2, 2]) and np.isnan(ys[1, 2])  # b has not reached step 100
@@ -463,3 +464,27 @@ def test_report_counts_a_restarted_seed_once(tmp_path):
     assert row[2] == "2" and row[3] == "150.0 ± 70.7" and row[4] == "2,000", row
     assert "1 run folders repeat a seed of their group, which counts its furthest run" in res.stdout
     assert "| Hopper-v5__ppo_continuous__1__1000 |" in res.stdout  # still in the per-run table
+
+
+def test_report_weighs_window_means_by_their_games(tmp_path):
+    """dqn_snake_vec logs one mean over the games that ended in each log window, with their number (charts/episodes).
+    Before, each window counted as one episode: the last 100 "episodes" of a run of 3 windows were all of them."""
+    run_dir = tmp_path / "runs" / "Snake5x5__dqn_snake_vec__1__1700000000"
+    w = SummaryWriter(str(run_dir))
+    w.add_text("hyperparameters", "|param|value|\n|-|-|\n|total_timesteps|10000|")
+    for step, mean, games in [(400, -1.0, 500), (800, 1.0, 200), (3000, 5.0, 20)]:
+        w.add_scalar("charts/episodic_return", mean, step, walltime=1000.0 + step)
+        w.add_scalar("charts/episodes", games, step, walltime=1000.0 + step)
+        w.add_scalar("charts/epsilon", 0.1, step, walltime=1000.0 + step)
+    w.close()
+    res = run_report(tmp_path / "runs", "--out", tmp_path / "out", "--refs", "", "--last-n", 100, "--no-plots")
+    assert res.returncode == 0, res.stderr
+    mean = (20 * 5.0 + 80 * 1.0) / 100  # the last window's 20 games and 80 of the one before
+    assert table_row(res.stdout, "dqn_snake_vec", "Snake5x5")[3] == f"{mean:.1f}"
+    row = table_row(res.stdout, "Snake5x5__dqn_snake_vec__1__1700000000")
+    assert row[1:3] == ["720", f"{mean:.1f}"]  # 720 games; no standard error from means over windows
+    stats = (tmp_path / "out" / "report.md").read_text().split("## Training statistics")[1]
+    assert f"| 0-1k | {(500 * -1.0 + 200 * 1.0) / 700:.1f} | 0.1 |" in stats  # weighted by games in a tenth too
+    run = rep.load_run(str(run_dir))
+    curve = rep.curve_on_grid([run], np.array([3000.0]), smooth=100)
+    assert curve[0, 0] == pytest.approx(mean)

@@ -188,13 +188,13 @@ def test_the_value_is_read_from_event_files_as_they_grow(tmp_path, monkeypatch):
         writer.add_scalar("losses/value_loss", 0.5, step + 10)
     writer.flush()
     run.read()
-    assert run.returns == [(100, 1.0), (200, 2.0), (300, 3.0)] and run.last_step == 310
+    assert run.returns == [(100, 1.0, 1.0), (200, 2.0, 1.0), (300, 3.0, 1.0)] and run.last_step == 310
     assert tune.trial_value(CONFIG, [run]) == (2.5, {"Hopper-v5": 2.5})  # the last 2 episodes
     assert tune.trial_value(CONFIG, [run], until=200) == (1.5, {"Hopper-v5": 1.5})
     writer.add_scalar(tune.report.RETURN_TAG, 4.0, 400)
     writer.close()
     run.read()  # the file grew: read again
-    assert run.returns[-1] == (400, 4.0)
+    assert run.returns[-1] == (400, 4.0, 1.0)
     # a process resumed from a checkpoint at step 250: what the first logged after it (300, 400) was done again
     time.sleep(1.1)  # event files are named by the second they were made in
     resumed = SummaryWriter(run.run_dir)
@@ -202,12 +202,15 @@ def test_the_value_is_read_from_event_files_as_they_grow(tmp_path, monkeypatch):
     resumed.add_scalar(tune.report.RETURN_TAG, 30.0, 280)
     resumed.close()
     run.read()
-    assert run.returns == [(100, 1.0), (200, 2.0), (280, 30.0)] and run.last_step == 280
+    assert run.returns == [(100, 1.0, 1.0), (200, 2.0, 1.0), (280, 30.0, 1.0)] and run.last_step == 280
     # several envs: each env's score over its reference score, then their mean
-    other = tune.TrialRun("Walker2d-v5", [], "log", "none", returns=[(5, 10.0)])
+    other = tune.TrialRun("Walker2d-v5", [], "log", "none", returns=[(5, 10.0, 1.0)])
     value, scores = tune.trial_value({**CONFIG, "references": {"Hopper-v5": 32.0, "Walker2d-v5": 20.0}}, [run, other])
     assert scores == {"Hopper-v5": 16.0, "Walker2d-v5": 10.0} and value == 0.5
     assert tune.trial_value(CONFIG, [tune.TrialRun(None, [], "log", "none")]) == (None, {})
+    # dqn_snake_vec logs a mean over each log window's games: the last 2 are the last window's one (5.0) and one of 300
+    snake = tune.TrialRun(None, [], "log", "none", returns=[(5, 1.0, 300.0), (6, 5.0, 1.0)])
+    assert tune.trial_value(CONFIG, [snake]) == (3.0, {"its env": 3.0})
 
 
 def test_the_report_counts_one_read_of_a_live_study(tmp_path, monkeypatch, capsys):
