@@ -326,7 +326,7 @@ def results_table(results: list[Result], base: float | None = None) -> list[str]
     rows = []
     for r in results:
         rate = f"{fmt(r.sps)} {r.unit}" + (f" ({r.sps / base:.2f}x)" if base else "") if r.ok else DASH
-        cpu = fmt(r.cpu_s / r.steps * 1000, 2) if r.cpu_s and r.steps else DASH
+        cpu = fmt(r.cpu_s / r.steps * 1000, 2) if r.ok and r.cpu_s and r.steps else DASH  # steps done, not asked
         util = DASH if r.util_mean is None else f"{r.util_mean:.0f}% / {r.util_peak:.0f}%"
         memory = f"{fmt(r.peak_mib)} / {fmt(r.estimated_mib)}" if r.peak_mib or r.estimated_mib else DASH
         what = f"`{r.what}`" if " python " in f" {r.what}" else r.what

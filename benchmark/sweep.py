@@ -63,6 +63,12 @@ def check_words(words: Sequence[str], where: str = "") -> None:
             raise SweepError(f"{flag}{where} {word!r} holds a control character ({c!r}); remove it")
 
 
+def dashed(words: Sequence[str]) -> list[str]:
+    """The arguments for the runs with each flag's name in dashes: the scripts take --gae_lambda too, and the sweep's
+    and the tuner's checks then see every spelling of a flag they set or read."""
+    return [re.sub(r"^--[^=]+", lambda m: m[0].replace("_", "-"), w) if w.startswith("--") else w for w in words]
+
+
 def run_id(env_tag: str, exp_name: str, seed: int | str) -> str:
     """``<env_tag>__<exp_name>__<seed>``, the scripts' run name without its unix time ("/" becomes "_")."""
     return f"{env_tag.replace('/', '_')}__{exp_name}__{seed}"
@@ -125,10 +131,13 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
 
 
 def parse_seeds(text: str) -> list[str]:
-    """--seeds' integers, as words."""
+    """--seeds' integers, as words ("01" is "1"), each once."""
     for seed in [s for s in text.split() if not re.fullmatch(r"-?\d+", s)]:
         raise SweepError(f"seed '{seed}' is not an integer; use --seeds \"1 2 3\"")
-    return text.split()
+    seeds = [str(int(s)) for s in text.split()]
+    for seed in [s for s, n in Counter(seeds).items() if n > 1]:  # its runs would share one run folder
+        raise SweepError(f"--seeds names seed {seed} twice; name each seed once")
+    return seeds
 
 
 def unknown_env_ids(env_ids: Sequence[str]) -> list[str]:
@@ -542,7 +551,7 @@ def runs_python() -> str:
 
 def sweep_main(grid: str, argv: list[str]) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
-    argv, tail = argv[:cut], argv[cut + 1 :]
+    argv, tail = argv[:cut], dashed(argv[cut + 1 :])
     a = build_parser(grid).parse_args(argv)
     check_modes(a)
     check_words(argv)

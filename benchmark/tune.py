@@ -234,10 +234,11 @@ def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///
             if f.read(16) == b"SQLite format 3\x00":  # read as a journal, it would hold no study
                 raise SweepError(f"{url} is an SQLite database, not a journal: pass --storage sqlite:///{url}")
     try:
+        if "://" not in url or url.startswith("sqlite:///"):  # a file: its folder may be new
+            os.makedirs(os.path.dirname(url.removeprefix("sqlite:///")) or ".", exist_ok=True)
         if "://" in url:
             timeout = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
             return optuna.storages.RDBStorage(url, engine_kwargs=timeout)
-        os.makedirs(os.path.dirname(url), exist_ok=True)
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(url))
     except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver, no server: one line naming the storage
         raise SweepError(f"cannot open storage {url}: {(str(exc).splitlines() or [repr(exc)])[0][:200]}") from None
@@ -456,7 +457,7 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     counts = ", ".join(f"{states.count(s)} {s.lower()}" for s in ("COMPLETE", "PRUNED", "RUNNING", "WAITING"))
     counts = f"{len(states)} trials: {counts}, {states.count('FAIL') - again} failed, {again} stopped and queued again"
     best = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)[:10]
-    names = [spec.split("=")[0] for spec in config["params"]]
+    names = [find_field(spec.split("=")[0], script_fields(config["script"]), "").flag[2:] for spec in config["params"]]
     env, seed = (config[k][0] if len(config[k]) == 1 else None for k in ("envs", "seeds"))
     where = (["--env-id", env] if env else []) + (["--seed", seed] if seed else [])
     rows = []
@@ -486,8 +487,24 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     say(f"report: {os.path.join(out_dir, 'report.md')}, {len(figures)} plots")
 
 
+def argument_files(argv: list[str]) -> list[str]:
+    """Each @FILE before -- replaced by its lines, one argument a line (blank lines skipped), a -- and the runs'
+    arguments included: a study's whole command can live in a file."""
+    words = []
+    for word in argv:
+        if not word.startswith("@") or "--" in words:
+            words.append(word)
+            continue
+        try:
+            lines = Path(word[1:]).read_text().splitlines()
+        except OSError as exc:
+            raise SweepError(f"cannot read the arguments file {word[1:]}: {exc.strerror}") from None
+        words += argument_files([line.strip() for line in lines if line.strip()])
+    return words
+
+
 def build_parser() -> sweep.Parser:
-    p = sweep.Parser(prog="benchmark/tune.py", allow_abbrev=False, fromfile_prefix_chars="@")
+    p = sweep.Parser(prog="benchmark/tune.py", allow_abbrev=False)
     p.description = "Search hyperparameters with Optuna. Arguments after -- go to every run; @FILE reads more."
     p.add_argument("script", help="the training script (ppo_continuous.py, ...), or attach (join a study) or report")
     p.add_argument("--study-name", required=True, help="the same name and storage continue a study")
@@ -521,8 +538,9 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     if not a.param or len(space) != len(a.param):
         raise SweepError("give each searched flag once: --param NAME=SPEC, e.g. --param learning-rate=1e-4:1e-3:log")
     for word in [w.split("=")[0] for w in passthrough if w.startswith("--")]:
-        if word[2:].replace("-", "_") in SET_BY_TUNER or word[2:] in space:
-            raise SweepError(f"{word} after -- is set by the tuner; use {SET_BY_TUNER.get(word[2:], '--param')}")
+        key = word[2:].replace("-", "_")
+        if key in SET_BY_TUNER or word[2:] in space:
+            raise SweepError(f"{word} after -- is set by the tuner; use {SET_BY_TUNER.get(key, '--param')}")
     envs = a.envs.split()
     unknown = sweep.unknown_env_ids(envs) if "env_id" in fields else envs
     if unknown:
@@ -545,8 +563,9 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
 
 @sweep.one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = argument_files(list(sys.argv[1:] if argv is None else argv))
     cut = argv.index("--") if "--" in argv else len(argv)
+    passthrough = sweep.dashed(argv[cut + 1 :])
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     a = build_parser().parse_args(argv[:cut])
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(_[A-Za-z0-9.-]+)*", a.study_name):
@@ -556,9 +575,10 @@ def main(argv: list[str] | None = None) -> int:
     storage = re.sub(r"^sqlite:///(?=[^/])", f"sqlite:///{os.getcwd()}/", storage)  # absolute, for SLURM tasks
     storage = storage if "://" in storage else os.path.abspath(storage)
     sweep.check_modes(a, (*sweep.SLURM_ONLY, "dry_run"))  # a study here has no dry run
-    if a.script in ("attach", "report") and "://" not in storage and not os.path.isfile(storage):
-        raise SweepError(f"no study journal {storage}; give the --storage the study was started with")
-    config, enqueued = (None, None) if a.script in ("attach", "report") else make_config(a, argv[cut + 1 :])
+    file = storage.removeprefix("sqlite:///") if "://" not in storage or storage.startswith("sqlite:///") else None
+    if a.script in ("attach", "report") and file and not os.path.isfile(file):  # nothing to join: make no file
+        raise SweepError(f"no study file {file}; give the --storage the study was started with")
+    config, enqueued = (None, None) if a.script in ("attach", "report") else make_config(a, passthrough)
     if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
         attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
         attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
@@ -587,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     if stopped:
         continues = f"the same command (or tune.py attach --study-name {a.study_name} ...) continues the study"
         if stopped != "stopped":
-            raise SweepError(f"the tuner failed ({stopped}); once that is mended, {continues}")
+            mend = "rerun the same command once its cause is mended, or a changed command under a new --study-name"
+            raise SweepError(f"the tuner failed ({stopped}); {mend} (a study keeps its settings)")
         say(f"stopped: {continues}")
         return 130
     if any(t.state.name == "RUNNING" for t in study.trials):

@@ -67,12 +67,12 @@ def test_read_metrics(tmp_path):
 def test_tables_show_failures_as_failures_and_rates_against_a_baseline():
     kw = {"steps": 1000, "wall": 2.0, "cpu_s": 3.0, "util_mean": 50, "util_peak": 90, "peak_mib": 300}
     ok = speed.Result("python a.py", sps=1234.4, estimated_mib=200, **kw)
-    bad = speed.Result("python b.py", "failed (exit 2)", steps=100, wall=1.0, tail="boom")
-    late = speed.Result("python c.py", "timed out after 5 s", sps=999.0, steps=100, wall=5.0)
+    bad = speed.Result("python b.py", "failed (exit 2)", steps=100, wall=1.0, cpu_s=0.05, tail="boom")
+    late = speed.Result("python c.py", "timed out after 5 s", sps=999.0, steps=100, wall=5.0, cpu_s=0.022)
     lines = speed.results_table([ok, bad, late])
     assert lines[2] == "| `python a.py` | 1,000 | 2 | 1,234 SPS | 3.00 | 50% / 90% | 300 / 200 | ok |"
-    assert lines[3].endswith("| - | - | - | - | failed (exit 2) |")
-    assert "999" not in lines[4] and lines[4].endswith("| timed out after 5 s |")  # never a number
+    assert lines[3].endswith("| - | - | - | - | failed (exit 2) |")  # no CPU cost of steps it did not make
+    assert lines[4].endswith("| - | - | - | - | timed out after 5 s |") and "999" not in lines[4]  # never a number
     assert "\n".join(speed.failures([ok, bad, late])).count("the end of its output") == 1
     assert "boom" in speed.failures([bad])
     assert "| 1,234 SPS (2.00x) |" in speed.results_table([ok], base=617.2)[2]

@@ -224,6 +224,8 @@ def test_bad_input_is_one_error_line(engine, tmp_path):
         (["ppo_atari", "--bogus"], {}, ["unrecognized arguments: --bogus", "after --"]),
         (["ppo_atari", "--", "--seed", "3"], {}, ["--seed after -- is set by the sweep", "--seeds"]),
         (["ppo_atari", "--", "--env-id=ALE/Pong-v5"], {}, ["--env-id", "--games"]),
+        (["ppo_atari", "--", "--env_id=ALE/Pong-v5"], {}, ["--env-id", "--games"]),  # the scripts take it too
+        (["dqn_snake", "--", "--num_envs", "3"], {}, ["--num-envs after --"]),
         (["ppo_continuous", "--", "--preset", "fast"], {}, ["--preset", "--presets"]),
         (["dqn_snake", "--", "--resume", "x.pt"], {}, ["--resume-existing"]),
         (["dqn_snake", "--", "--num-envs", "3"], {}, ["--num-envs after --"]),

@@ -70,6 +70,11 @@ def test_the_search_space_comes_from_the_scripts_args():
         ([], ["--param NAME=SPEC"]),
         (["--param", "gamma=0.9:0.99", "--", "--seed", "3"], ["--seed after -- is set by the tuner", "--seeds"]),
         (["--param", "gamma=0.9:0.99", "--", "--gamma", "0.9"], ["--gamma after --"]),
+        # the scripts take --gae_lambda as well: before, that spelling got past the checks and overrode the study
+        (["--param", "gae-lambda=0.8:0.99", "--", "--gae_lambda", "0.9"], ["--gae-lambda after --"]),
+        (["--param", "gamma=0.9:0.99", "--", "--env_id=Hopper-v5"], ["--env-id after -- is set", "use --envs"]),
+        (["--param", "gamma=0.9:0.99", "--", "--exp-name", "x"], ["use --study-name"]),
+        (["--param", "gamma=0.9:0.99", "--seeds", "1 01"], ["--seeds names seed 1 twice"]),
         (["--param", "gamma=0.9:0.99", "--enqueue", "gamma=0.5"], ["a value in its space, not gamma=0.5"]),
         (["--param", "gamma=0.9:0.99", "--envs", "Hoper-v5"], ["unknown env id Hoper-v5"]),
         (["--param", "gamma=0.9:0.99", "--envs", "Hopper-v5 Pusher-v5"], ["no reference score for Pusher-v5"]),
@@ -119,15 +124,18 @@ def test_a_dry_run_is_for_slurm_only(tmp_path, capsys, monkeypatch):
 
 
 def test_report_and_attach_need_an_existing_study(tmp_path, capsys):
-    for command in ("report", "attach"):
-        assert tune.main([command, "--study-name", "s", "--storage", str(tmp_path / "none.journal")]) == 2
-        assert "no study journal" in capsys.readouterr().err and not (tmp_path / "none.journal").exists()
-    assert tune.main(["report", "--study-name", "s", "--storage", f"sqlite:///{tmp_path}/x.db"]) == 2
+    for command in ("report", "attach"):  # an SQLite file was made, empty, before the error
+        for storage in (str(tmp_path / "none.journal"), f"sqlite:///{tmp_path}/none.db"):
+            assert tune.main([command, "--study-name", "s", "--storage", storage]) == 2
+            assert "no study file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    tune.open_storage(f"sqlite:///{tmp_path}/new/x.db")  # a new folder too: SQLite makes only the file
+    assert tune.main(["report", "--study-name", "s", "--storage", f"sqlite:///{tmp_path}/new/x.db"]) == 2
     assert "no study s in this storage" in capsys.readouterr().err
     # the database given as a path: read as a journal, it said "no study s in this storage"
-    assert tune.main(["report", "--study-name", "s", "--storage", str(tmp_path / "x.db")]) == 2
+    assert tune.main(["report", "--study-name", "s", "--storage", str(tmp_path / "new" / "x.db")]) == 2
     assert (
-        f"{tmp_path / 'x.db'} is an SQLite database, not a journal: pass --storage sqlite:///"
+        f"{tmp_path / 'new' / 'x.db'} is an SQLite database, not a journal: pass --storage sqlite:///"
         in capsys.readouterr().err
     )
 
@@ -155,8 +163,8 @@ def test_a_worker_thread_that_fails_ends_the_tuner_with_one_error_line(tmp_path,
     assert tune.main([*argv, "--log-dir", str(tmp_path / "logs"), "--jobs", "2"]) == 2
     captured = capsys.readouterr()
     assert captured.err == (
-        "error: the tuner failed (OSError: disk I/O error); once that is mended, the same command (or tune.py attach "
-        "--study-name s ...) continues the study\n"
+        "error: the tuner failed (OSError: disk I/O error); rerun the same command once its cause is mended, or a "
+        "changed command under a new --study-name (a study keeps its settings)\n"
     )
     assert "worker is done" not in captured.out
 
@@ -236,6 +244,29 @@ def test_the_report_counts_one_read_of_a_live_study(tmp_path, monkeypatch, capsy
     tune.write_report(study, CONFIG | {"params": ["gamma=0.9:0.99"]}, "in memory", str(tmp_path))
     counts = "4 trials: 2 complete, 0 pruned, 0 running, 1 waiting, 0 failed, 1 stopped and queued again"
     assert counts in capsys.readouterr().out
+
+
+def test_the_report_names_a_flag_given_with_underscores(tmp_path, capsys):
+    """--param gae_lambda=...: Optuna holds it as gae-lambda, and the report looked up gae_lambda (a KeyError)."""
+    study = optuna.create_study(direction="maximize")
+    space = {"gae-lambda": optuna.distributions.FloatDistribution(0.8, 0.99)}
+    study.add_trial(optuna.trial.create_trial(params={"gae-lambda": 0.9}, distributions=space, value=1.0))
+    tune.write_report(study, CONFIG | {"params": ["gae_lambda=0.8:0.99"]}, "in memory", str(tmp_path))
+    assert "| gae-lambda |" in capsys.readouterr().out and "--gae-lambda 0.9" in (tmp_path / "report.md").read_text()
+
+
+def test_a_whole_study_command_can_live_in_a_file(tmp_path, capsys):
+    """@FILE, the runs' arguments after -- included; before, the file was read after the split at --, so a -- in it
+    was an unrecognized argument."""
+    args = tmp_path / "study.args"
+    args.write_text("ppo_continuous.py\n--study-name\ns\n--param\ngamma=0.9:0.99\n\n--\n--seed\n3\n")
+    words = ["ppo_continuous.py", "--study-name", "s", "--param", "gamma=0.9:0.99", "--", "--seed", "3"]
+    assert tune.argument_files([f"@{args}"]) == words
+    assert tune.argument_files(["--", f"@{args}"]) == ["--", f"@{args}"]  # a run's argument is left alone
+    assert tune.main([f"@{args}"]) == 2  # the file's -- reached the checks of the runs' arguments
+    assert "--seed after -- is set by the tuner; use --seeds" in capsys.readouterr().err
+    assert tune.main([f"@{tmp_path / 'none.args'}"]) == 2
+    assert "cannot read the arguments file" in capsys.readouterr().err
 
 
 def test_pruners_samplers_and_restarts(tmp_path):
