@@ -44,15 +44,21 @@ def action_space(env_id: str, video: bool = False) -> gym.Space:
     the run writes anything rather than a traceback at its first reset."""
     if video and not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering, for the run's video env too (made later)
-    with gym.make(env_id, render_mode="rgb_array" if video else None) as env:
-        try:
+    try:
+        import mujoco  # here: importing it reads MUJOCO_GL, set above for a video
+
+        mujoco.set_mju_user_warning(lambda message: None)  # silent: an error line may follow; the run's envs warn once
+        with gym.make(env_id, render_mode="rgb_array" if video else None) as env:
             if video:
                 env.reset(seed=0)
                 env.render()
-        except Exception as exc:  # noqa: BLE001 - gymnasium's DependencyNotInstalled, MuJoCo's GL errors, ...
-            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            return env.action_space
+    except Exception as exc:  # noqa: BLE001 - gymnasium's DependencyNotInstalled, MuJoCo's GL errors, ...
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        reason += f", with MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
+        if video:
             raise ValueError(f"--capture-video: {env_id} cannot render here ({reason}); drop --capture-video") from None
-        return env.action_space
+        raise ValueError(f"{env_id} cannot be made here ({reason})") from None
 
 
 class RunningMeanStd:

@@ -107,7 +107,7 @@ def validate(args: Args, device: torch.device | None = None) -> None:
             f"--learning-starts must be at least 0, got {args.learning_starts}": args.learning_starts >= 0,
             f"--log-every must be at least 1 (env steps), got {args.log_every}": args.log_every >= 1,
         }
-        | run_utils.shared_checks(args)
+        | run_utils.shared_checks(args, one_process=True)
     )
     if device is None or args.eval_checkpoint:
         return

@@ -71,7 +71,9 @@ def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None =
         if count == 0:
             if text == "auto":
                 return torch.device("cpu"), "--gpu auto, no GPU here"
-            raise DeviceError("--gpu true asks for a GPU but CUDA is not available here; use --gpu auto or --gpu false")
+            raise DeviceError(
+                f"--gpu {gpu} asks for a GPU but CUDA is not available here; use --gpu auto or --gpu false"
+            )
         if local_world > count:
             raise DeviceError(
                 f"torchrun starts {local_world} processes on this node but it has {count} GPU(s): two would share one "
@@ -370,7 +372,8 @@ def choose_batch_size(
     total: int, requested: int | str = "auto", target: int | None = None, parts: int | None = None
 ) -> int:
     """A minibatch size that divides ``total``: ``total / parts`` (``--num-minibatches``) when given, else
-    ``requested``, where "auto" is the largest divisor not above ``target``. A ``BatchSizeError`` lists valid ones."""
+    ``requested`` (``--minibatch-size``), where "auto" is the largest divisor not above ``target``. A
+    ``BatchSizeError`` names the flag and lists valid values."""
     if total < 1:
         raise BatchSizeError(f"the total batch must be at least 1, got {total}")
     divisors_of_total = divisors(total)
@@ -378,7 +381,7 @@ def choose_batch_size(
         if parts < 1 or total % parts:
             valid = ", ".join(map(str, divisors_of_total[:12]))
             raise BatchSizeError(
-                f"{parts} minibatches cannot split the total batch {total} evenly; valid counts: {valid}"
+                f"--num-minibatches {parts} cannot split the total batch {total} (envs x steps) evenly; valid: {valid}"
             )
         return total // parts
     if isinstance(requested, str):
@@ -387,13 +390,13 @@ def choose_batch_size(
             limit = total if target is None else max(1, target)
             return max(d for d in divisors_of_total if d <= limit)
         if not text.isdecimal():
-            raise BatchSizeError(f"batch size {requested!r} must be 'auto' or a positive integer")
+            raise BatchSizeError(f"--minibatch-size {requested!r} must be 'auto' or a positive integer")
         requested = int(text)
     if requested < 1 or total % requested != 0:
         near = sorted(divisors_of_total, key=lambda d: (abs(d - requested), d))[:6]
         relation = "is larger than" if requested > total else "does not divide"
         raise BatchSizeError(
-            f"batch size {requested} {relation} the total batch {total}; valid sizes near it: "
+            f"--minibatch-size {requested} {relation} the total batch {total} (envs x steps); valid sizes near it: "
             + ", ".join(str(d) for d in sorted(near))
         )
     return requested

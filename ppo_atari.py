@@ -103,11 +103,8 @@ def validate(args: Args, world_size: int) -> None:
         }
     )
     batch_size = args.num_envs * args.num_steps  # per process
-    try:  # --num-minibatches, when given, wins (CleanRL's way to size them)
-        args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size, parts=args.num_minibatches)
-    except gpu_utils.BatchSizeError as exc:
-        flag = "--minibatch-size" if args.num_minibatches is None else "--num-minibatches"
-        raise ValueError(f"{flag}: {exc} (num_envs * num_steps)") from None
+    # --num-minibatches, when given, wins (CleanRL's way to size them); a BatchSizeError is a ValueError
+    args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size, parts=args.num_minibatches)
     args.num_minibatches = batch_size // args.minibatch_size
     one_batch = f"--total-timesteps must be at least one batch ({batch_size * world_size} agent steps)"
     run_utils.check(run_utils.shared_checks(args) | {one_batch: args.total_timesteps >= batch_size * world_size})

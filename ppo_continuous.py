@@ -152,7 +152,7 @@ def validate(args: Args, evaluating: bool) -> None:
         extra = mjx_envs.missing_extra(args.mjx_impl)
         checks |= {worlds: args.env_id in mjx_envs.TASKS, mjx_only: not (args.subproc or args.capture_video)}
         checks |= {f"--sim mjx: {extra}": not extra}
-    run_utils.check(run_utils.shared_checks(args) | checks)
+    run_utils.check(run_utils.shared_checks(args, one_process=True) | checks)
 
 
 def hidden_sizes(arch: str) -> list[int]:

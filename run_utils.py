@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import shlex
 import signal
 import sys
 import time
@@ -68,7 +69,7 @@ class RunArgs:
     """record env 0's episodes to videos/<run_name> on a capped cubic schedule (episodes 0, 1, 8, 27, ..., 729, then
     every 1000th; a resumed leg's to videos/<run_name>/resumed-at-step-<N>)"""
     progress_bar: bool = True
-    """show a progress bar (off: a log line at each logging interval)"""
+    """show a progress bar (off: a progress line each iteration or log window; ppo_atari.py: each 10th iteration)"""
     checkpoint_every: int = 100
     """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
     resume: str | None = None
@@ -111,15 +112,22 @@ def check(conditions: dict[str, bool]) -> None:
         raise ValueError(failed[0])
 
 
-def shared_checks(args) -> dict[str, bool]:
-    """The one-line error of each setting that several scripts share, for the fields ``args`` has (PPO's too)."""
+def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
+    """The one-line error of each setting that several scripts share, for the fields ``args`` has (PPO's too);
+    ``one_process``: a script with no torchrun mode, whose processes would each act as the only one."""
     fields = vars(args)
     every = args.checkpoint_every
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    script = os.path.basename(sys.argv[0])
+    several_gpus = "for several GPUs, run several seeds at once with benchmark/sweep.py"
     checks = {
         f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0 <= args.seed < 2**32,  # numpy's seeding: no other
         "--resume trains and --eval-checkpoint evaluates: pass one": not (args.resume and args.eval_checkpoint),
         "--eval-checkpoint runs in one process: start it with python, not torchrun": not (
-            args.eval_checkpoint and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            args.eval_checkpoint and world > 1
+        ),
+        f"{script} runs in one process: start it with python, not torchrun ({several_gpus})": not (
+            one_process and world > 1
         ),
         f"--learning-rate must be at least 0, got {args.learning_rate}": args.learning_rate >= 0,
         f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
@@ -187,6 +195,19 @@ def print_config(args, given: dict, from_checkpoint: bool, runtime_flags: set, s
         print(f"  {key:<26} {value!s:<18} ({source})")
 
 
+def resume_command(path: str) -> str:
+    """The command that continues a run: this process's own, its --resume (if any) replaced by ``path``, so the flags
+    of how it runs (--track, --save-model, ...) come along; what it trains comes from the checkpoint."""
+    words = []
+    argv = iter(sys.argv[1:])
+    for word in argv:
+        if word == "--resume":
+            next(argv, None)
+        elif not word.startswith("--resume="):
+            words.append(word)
+    return shlex.join(["python", sys.argv[0], *words, "--resume", path])
+
+
 def end_evaluation(env: str, returns: np.ndarray, more: str = "") -> None:
     """--eval-checkpoint's one result line (``more``: what the script adds), then exit status 0."""
     print(f"eval {env}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes{more}")
@@ -209,7 +230,8 @@ def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
     is refused); every reader of checkpoints goes through here. Errors are one line."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the path of a checkpoint.pt or .model file")
+        what = "is a folder" if os.path.isdir(path) else "does not exist"
+        raise FileNotFoundError(f"checkpoint {path!r} {what}; pass the path of a checkpoint.pt or .model file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable or unsafe file gets the same one-line answer
@@ -243,8 +265,9 @@ def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
     """--resume: the run's settings come from the checkpoint, saying which typed ones it overrides; how and where it
     runs (``runtime_flags``) from the command line."""
     settings = {k: v for k, v in ckpt["args"].items() if k not in runtime_flags and hasattr(args, k)}
-    defaults = vars(type(args)())
-    typed = [k for k, v in settings.items() if getattr(args, k) not in (v, defaults.get(k))]
+    # the flags on the command line, read from it: a typed value may equal the default (--no-x is x's)
+    given = {w[2:].split("=")[0].replace("-", "_").removeprefix("no_") for w in sys.argv[1:] if w.startswith("--")}
+    typed = [k for k, v in settings.items() if k in given and getattr(args, k) != v]
     if typed and os.environ.get("RANK", "0") == "0":  # said once under torchrun
         flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)} (the run's {settings[k]})" for k in typed)
         print(f"note: --resume continues the run with its own settings, not {flags}; start a new run to change them")
@@ -275,7 +298,8 @@ def save_checkpoint(path: str | os.PathLike, **state) -> None:
     except (OSError, RuntimeError) as exc:  # torch reports a failed write as a RuntimeError of its C++ stream
         Path(tmp).unlink(missing_ok=True)
         reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-        raise OSError(f"cannot write {path} ({reason}; is the disk full?); the previous checkpoint is kept") from None
+        kept = "the previous one is kept" if os.path.exists(path) else "none was written"
+        raise OSError(f"cannot write {path} ({reason}; is the disk full?); {kept}") from None
     os.replace(tmp, path)
 
 
@@ -408,6 +432,7 @@ class Run:
             signal.signal(sig, lambda signum, frame: self.stop.append(signal.Signals(signum).name))
         self.writer = None
         self.wandb = None
+        self.wandb_id = ckpt.get("wandb_id") if ckpt else None  # kept by a leg without --track, for the next with it
         if is_main:
             self._lock = lock_run_dir(self.dir)  # one writer per run folder: a second --resume of a live run stops
             if args.track:
@@ -423,9 +448,14 @@ class Run:
                     save_code=True,
                     monitor_gym=True,
                     resume="allow",
-                    id=ckpt.get("wandb_id") if ckpt else None,
+                    id=self.wandb_id,
                 )
-            self.writer = SummaryWriter(self.dir)
+            try:
+                self.writer = SummaryWriter(self.dir)
+            except OSError as exc:  # a read-only copy of a run, say
+                raise ValueError(
+                    f"cannot write the run's logs in {self.dir} ({exc.strerror}); use a writable copy"
+                ) from None
             table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
             self.writer.add_text("device", gpu_utils.device_label(device), start_step)  # a resumed run may move
@@ -504,7 +534,7 @@ class Run:
         status = "finished" if finished else "stopped" if stopping else "running"
         for group in state["optimizer"]["param_groups"]:  # a float, whatever tensor the run anneals in place
             group["lr"] = float(group["lr"])
-        wandb_id = self.wandb.run.id if self.wandb is not None else None
+        wandb_id = self.wandb.run.id if self.wandb is not None else self.wandb_id
         state = state | dict(args=vars(self.args), run_name=self.name, status=status, wandb_id=wandb_id)
         try:
             save_checkpoint(self.checkpoint_path, script=self.script, **state)
@@ -513,14 +543,18 @@ class Run:
             return
         if stopping and not finished:
             why = (self.stop or ["a signal to another process"])[0]
-            resume = f"continue with: python {sys.argv[0]} --resume {self.checkpoint_path}"
-            print(f"stopping on {why}: checkpoint at step {state['global_step']}; {resume}")
+            resume = resume_command(self.checkpoint_path)
+            print(f"stopping on {why}: checkpoint at step {state['global_step']}; continue with: {resume}")
 
     def save_model(self, state: dict) -> None:
         """--save-model: the final model (and what a loaded policy needs besides) to runs/<name>/<exp_name>.model."""
         if self.is_main and self.args.save_model:
             path = os.path.join(self.dir, f"{self.args.exp_name}.model")
-            torch.save(state | {"args": vars(self.args), "script": self.script}, path)
+            try:  # atomic, as a checkpoint: no partial file
+                save_checkpoint(path, **(state | {"args": vars(self.args), "script": self.script}))
+            except OSError as exc:  # the run still closes its logs; its checkpoint holds the same weights
+                print(f"error: no model saved: {exc}", file=sys.stderr)
+                return
             print(f"model saved to {path}")
 
     def close(self, global_step: int, diverged: bool) -> None:

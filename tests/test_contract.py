@@ -8,6 +8,7 @@ Script-specific checks stay in each script's file."""
 import glob
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -80,6 +81,10 @@ def test_bad_input_is_one_line_error_in_a_fresh_interpreter(script, tmp_path):
 @pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
 def test_missing_file_is_one_line_error(script, flag, tmp_path):
     assert_one_line_error(cli(script, [flag, "missing.pt"], tmp_path), "missing.pt", "does not exist")
+    (tmp_path / "a_run").mkdir()  # a run's folder, not its checkpoint.pt: before, it "did not exist"
+    assert_one_line_error(
+        cli(script, [flag, "a_run"], tmp_path), "'a_run' is a folder; pass the path of a checkpoint.pt"
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -119,6 +124,27 @@ def test_eval_checkpoint_under_torchrun_is_one_line_error(script, finished, tmp_
     args = ["--eval-checkpoint", finished(script) / f"{script}.model"]
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert_one_line_error(cli(script, args, tmp_path), "--eval-checkpoint runs in one process: start it with python")
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous", "dqn_snake_vec"])
+def test_a_script_without_a_torchrun_mode_under_torchrun_is_one_line_error(script, tmp_path, monkeypatch):
+    """Before: each process acted as the only one; each printed the config, the second found the run folder in use,
+    and torchrun stopped the first with a traceback. ppo_atari.py has a torchrun mode."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = cli(script, TINY[script], tmp_path)
+    assert_one_line_error(res, f"{script}.py runs in one process: start it with python, not torchrun")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_folder_that_cannot_be_written_is_one_line_error(tmp_path):
+    """Before: resuming a read-only copy of a run ended in TensorBoard's OSError traceback."""
+
+    read_only = "def refuse(*args, **kwargs):\n    raise OSError(30, 'Read-only file system')\n"
+    read_only += "import runpy, sys, run_utils\nrun_utils.SummaryWriter = refuse\nsys.argv = sys.argv[1:]\n"
+    read_only += "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    res = run_with(["-c", read_only], "ppo_continuous", TINY["ppo_continuous"], tmp_path)
+    assert_one_line_error(res, "cannot write the run's logs in runs/Pendulum-v1__ppo_continuous__1__")
+    assert "(Read-only file system); use a writable copy" in res.stderr
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -166,7 +192,9 @@ def test_sigterm_checkpoint_then_resume_reaches_total(script, tmp_path):
     ckpt = run_utils.read_checkpoint(ckpt_path)
     stopped = ckpt["global_step"]
     assert ckpt["status"] == "stopped" and 0 < stopped < 10000000
-    assert f"continue with: python {ROOT / script}.py --resume runs/{ckpt['run_name']}/checkpoint.pt" in out, out
+    # the same command with --resume: the flags of how it runs (--track, --save-model, ...) come along
+    resume = ["python", str(ROOT / f"{script}.py"), "--no-progress-bar", *args, "--resume"]
+    assert f"continue with: {shlex.join(resume)} runs/{ckpt['run_name']}/checkpoint.pt\n" in out, out
     total = stopped + 4 * BATCH[script]
     ckpt["args"]["total_timesteps"] = total  # shorten the run so the test stays fast
     torch.save(ckpt, ckpt_path)
@@ -304,6 +332,11 @@ def test_track_mirrors_to_wandb_and_a_resume_continues_the_same_wandb_run(tmp_pa
     (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     wandb_id = run_utils.read_checkpoint(ckpt_path)["wandb_id"]
     assert wandb_id and glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{wandb_id}" / "run-*.wandb"))
+    assert f"--track --resume runs/{Path(ckpt_path).parent.name}/checkpoint.pt\n" in res.stdout  # continue with: ...
+    # a leg without --track keeps the id for the next with it (before: it wrote None, and the W&B run was lost)
+    res = run_with(at_update_prefix("sigterm", 1), script, ["--resume", ckpt_path], tmp_path)
+    assert res.returncode == 0 and "stopping on SIGTERM" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    assert run_utils.read_checkpoint(ckpt_path)["wandb_id"] == wandb_id
     res = run(script, ["--resume", ckpt_path, "--track"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     ckpt = run_utils.read_checkpoint(ckpt_path)

@@ -520,12 +520,13 @@ def test_sigterm_checkpoint_then_resume_reaches_the_total(tmp_path):
     assert f"--resume runs/{ckpt['run_name']}/checkpoint.pt" in out
     ckpt["args"]["total_timesteps"] = 32 * (k + 4)  # shorten the run so the test stays fast
     torch.save(ckpt, ckpt_path)
-    res = run(["--resume", ckpt_path, "--num-envs", 8, "--learning-rate", 1.0], tmp_path)  # the run's settings win
+    res = run(["--resume", ckpt_path, "--num-envs", 8, "--learning-rate", 1.0, "--batch-size", 256], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"at step {32 * k}" in res.stdout and f"step {32 * (k + 4)}, SPS" in res.stdout
     assert re.search(r"learning_rate\s+0.0005\s+\(checkpoint\)", res.stdout)
     note = "note: --resume continues the run with its own settings, not --num-envs 8 (the run's 32), --learning-rate"
     assert note in res.stdout  # before: the typed flags were dropped without a word
+    assert "--batch-size 256 (the run's 32)" in res.stdout  # typed, though the default: before, taken as not typed
     final = run_utils.read_checkpoint(ckpt_path)
     assert final["iteration"] == k + 4 and final["status"] == "finished"
     assert len(glob.glob(str(tmp_path / "runs" / "*"))) == 1  # the same run directory

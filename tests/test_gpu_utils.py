@@ -53,8 +53,9 @@ def test_select_device_without_cuda(fake_gpus):
         with pytest.raises(DeviceError) as err:
             select_device(bad)
         assert "\n" not in str(err.value)
-    with pytest.raises(DeviceError, match="CUDA is not available"):
-        select_device("true")
+    for gpu in ("true", "cuda"):  # the words as typed (before: --gpu cuda was said as --gpu true)
+        with pytest.raises(DeviceError, match=f"^--gpu {gpu} asks for a GPU but CUDA is not available"):
+            select_device(gpu)
     with pytest.raises(DeviceError, match="no GPU"):
         select_device("cuda:7")
     for session, offset in [(-1, None), (0, -2)]:  # refused on the CPU too, not only where a GPU is rotated to
@@ -139,19 +140,24 @@ def test_choose_batch_size():
         choose_batch_size(2048, 300)
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("batch size 300 does not divide the total batch 2048; valid sizes near it:")
+    assert message.startswith(
+        "--minibatch-size 300 does not divide the total batch 2048 (envs x steps); valid sizes near it:"
+    )
     assert "256" in message and "512" in message and "300" not in message.split(":")[1]
     with pytest.raises(BatchSizeError, match="'auto' or a positive integer"):
         choose_batch_size(64, "big")
     # a size above the whole batch says so (ppo_atari.py --num-envs 1 --num-steps 16 at the default 256)
     with pytest.raises(BatchSizeError) as err:
         choose_batch_size(16 * 16, 512)
-    assert str(err.value).startswith("batch size 512 is larger than the total batch 256; valid sizes near it:")
+    assert str(err.value).startswith(
+        "--minibatch-size 512 is larger than the total batch 256 (envs x steps); valid sizes near it:"
+    )
     # a count of minibatches (--num-minibatches) wins over the size, and must divide the batch
     assert choose_batch_size(2048, 300, parts=8) == 256 and choose_batch_size(2048, parts=1) == 2048
     for parts in (0, 3):
         with pytest.raises(
-            BatchSizeError, match=f"^{parts} minibatches cannot split the total batch 2048 evenly; valid "
+            BatchSizeError,
+            match=rf"^--num-minibatches {parts} cannot split the total batch 2048 \(envs x steps\) evenly; valid: ",
         ):
             choose_batch_size(2048, parts=parts)
 
@@ -795,6 +801,7 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one_and_leaves_n
     assert not os.path.lexists(tmp) and torch.load(path)["status"] == "running"
     run = object.__new__(run_utils.Run)  # the checkpoint at a stop: one line, no traceback, the old one kept
     run.is_main, run.wandb, run.name, run.script, run.stop = True, None, "r", "ppo_atari", ["SIGTERM"]
+    run.wandb_id = None
     run.args, run.checkpoint_path = argparse.Namespace(seed=1), str(path)
     tmp.symlink_to("/dev/full")
     state = dict(model={}, optimizer={"param_groups": []}, iteration=2, global_step=256)
@@ -802,6 +809,13 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one_and_leaves_n
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: no checkpoint at step 256") and "kept" in err[0], err
     assert torch.load(path)["status"] == "running" and not os.path.lexists(tmp)
+    # --save-model's file likewise (before: a traceback and a partial .model file), where none was written before
+    run.args, run.dir, run.is_main = argparse.Namespace(save_model=True, exp_name="x"), str(tmp_path), True
+    (tmp_path / "x.model.tmp").symlink_to("/dev/full")
+    run.save_model(dict(model={"w": torch.ones(4)}))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no model saved: cannot write") and "none was written" in err[0]
+    assert not os.path.lexists(tmp_path / "x.model") and not os.path.lexists(tmp_path / "x.model.tmp")
 
 
 def test_a_thread_variable_as_large_as_the_machine_is_still_an_explicit_budget(eight_cpus, tmp_path, monkeypatch):

@@ -239,7 +239,7 @@ BAD_INPUT_BASE = ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "
         (["--minibatch-size", "7"], "valid sizes near it"),
         (
             ["--num-minibatches", "5"],
-            "--num-minibatches: 5 minibatches cannot split the total batch 32 evenly; valid counts: 1, 2, 4",
+            "--num-minibatches 5 cannot split the total batch 32 (envs x steps) evenly; valid: 1, 2, 4",
         ),
         (["--gpu", "true"], "CUDA is not available"),
         (["--gpu", "3"], "asks for GPU 3"),

@@ -122,7 +122,7 @@ def test_discrete_env_gives_one_line_error(tmp_path):
         (["--target-kl", "0"], "--target-kl must be positive"),
         (
             ["--num-minibatches", "3"],
-            "3 minibatches cannot split the total batch 2048 evenly; valid counts: 1, 2, 4, 8",
+            r"--num-minibatches 3 cannot split the total batch 2048 \(envs x steps\) evenly; valid: 1, 2, 4, 8",
         ),
         (["--minibatch-size", "64", "--num-minibatches", "32"], "not both"),
         (["--num-envs", "0"], "at least 1"),
@@ -165,6 +165,26 @@ def test_capture_video_without_a_renderer_is_one_line_error(tmp_path, monkeypatc
     res = run_in_process(SCRIPT, ["--env-id", "Pendulum-v1", "--capture-video"], tmp_path)
     assert_one_line_error(res, "--capture-video: Pendulum-v1 cannot render here (pygame is not installed")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_mujoco_gl_that_cannot_work_is_one_line_error(tmp_path):
+    """Before: MUJOCO_GL=bogus (or osmesa without its library) was a traceback from gymnasium's make, outside the
+    render check: importing MuJoCo reads the variable."""
+    env = dict(ENV, MUJOCO_GL="bogus")
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "64", "--num-steps", "32"]
+    for video, words in (([], "InvertedPendulum-v5 cannot be made here"), (["--capture-video"], "cannot render here")):
+        cmd = [sys.executable, SCRIPT, *args, *video]
+        res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert_one_line_error(res, words, "MUJOCO_GL=bogus")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_input_on_halfcheetah_is_one_line_and_writes_no_mujoco_log(tmp_path):
+    """Before: the checks' probe env printed MuJoCo's raw warning about gymnasium's half_cheetah.xml on stdout, and
+    wrote MUJOCO_LOG.TXT into the working folder, before the error line."""
+    res = run(tmp_path, "--env-id", "HalfCheetah-v5", "--learning-rate", "-1")
+    assert_one_line_error(res, "--learning-rate must be at least 0")
+    assert "WARNING" not in res.stdout and not (tmp_path / "MUJOCO_LOG.TXT").exists()
 
 
 def test_gpu_true_without_cuda(tmp_path):
