@@ -452,9 +452,15 @@ class MJXVectorEnv:
             rescued = {name: jnp.where(bad, value, getattr(stepped, name)) for name, value in rescue.items()}
             return stepped.replace(**rescued)
 
+        limited = jnp.asarray(mj_model.actuator_ctrllimited, dtype=bool)
+        ctrl_low = jnp.where(limited, jnp.asarray(mj_model.actuator_ctrlrange[:, 0]), -jnp.inf)
+        ctrl_high = jnp.where(limited, jnp.asarray(mj_model.actuator_ctrlrange[:, 1]), jnp.inf)
+
         def physics_step(data, action):
-            """MujocoEnv.do_simulation: ctrl = action, then frame_skip mj_steps."""
-            data = data.replace(ctrl=action)
+            """MujocoEnv.do_simulation: ctrl = action, then frame_skip mj_steps. As MuJoCo's mj_fwdActuation, a control
+            still bad once clamped (NaN) sets all the world's controls to zero (MuJoCo warns; MJX would go NaN)."""
+            bad_ctrl = is_bad(jnp.clip(action, ctrl_low, ctrl_high))
+            data = data.replace(ctrl=jnp.where(bad_ctrl, jnp.zeros_like(action), action))
             return jax.lax.fori_loop(0, frame_skip, lambda _, d: mj_step(d), data)
 
         def world_step(data, action, key, episode_return, episode_length):

@@ -313,8 +313,10 @@ def test_a_world_whose_state_goes_bad_is_rescued_as_mujoco_does(env_id):
     rng = np.random.default_rng(0)
     low, high = reference[0].action_space.low, reference[0].action_space.high
     going = np.ones(WORLDS, bool)
-    for _ in range(2):  # the rescue, then a step on from it (of the worlds that did not end)
+    for step in range(2):  # the rescue, then a step on from it (of the worlds that did not end)
         action = rng.uniform(low, high, size=(WORLDS, len(low))).astype(np.float32)
+        if step == 0:  # a NaN control: MuJoCo zeroes all the world's controls, and it steps on (before: MJX reset it)
+            action[6], action[7, 0] = np.nan, np.nan
         obs, reward, terminated, truncated, info = env.step(torch.as_tensor(action))
         expected = [world.step(world_action) for world, world_action in zip(reference, action)]
         expected_obs = np.stack([x[0] for x in expected])
@@ -322,7 +324,7 @@ def test_a_world_whose_state_goes_bad_is_rescued_as_mujoco_does(env_id):
         np.testing.assert_allclose(final_obs[going], expected_obs[going], rtol=2e-3, atol=2e-3)
         np.testing.assert_allclose(reward.numpy()[going], np.array([x[1] for x in expected])[going], atol=1e-4)
         np.testing.assert_array_equal(terminated.numpy()[going], np.array([x[2] for x in expected])[going])
-        assert np.isfinite(final_obs[:6]).all() and np.isfinite(reward.numpy()).all()
+        assert np.isfinite(final_obs[:8]).all() and np.isfinite(reward.numpy()[8:]).all()  # a NaN action's cost: NaN
         going &= ~terminated.numpy()
 
 
