@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process, scalars
+from helpers import FrameLog, assert_micro_batches_match, assert_one_line_error, atari_storage, run_in_process, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
@@ -482,29 +482,13 @@ class RecvLog:
         self.envs.close()
 
 
-class FrameLog:
-    """A VideoRecorder that keeps the frames it is given, with whether each ended a game."""
-
-    def __init__(self):
-        self.frames = []
-
-    def add(self, frame, game_over):
-        self.frames.append((frame, game_over))
-
-
 def test_a_recorded_game_ends_on_its_own_last_frame():
     """Before: the frame recorded at a game over was the observation after the step, which SameStep auto-reset makes
     the next game's first; a game's last frame is in info["final_obs"]."""
     args = ppo_atari.Args(max_episode_frames=40)  # games cut short after 10 agent steps
     env_groups = [RecvLog(ppo_atari.make_envs(args, 1, 1)), ppo_atari.make_envs(args, 1, 1)]
     num_steps = 25
-    obs = torch.zeros((num_steps, 2, 4, 84, 84), dtype=torch.uint8)
-    actions = torch.zeros((num_steps, 2), dtype=torch.long)
-    logprobs, values = torch.zeros((num_steps, 2)), torch.zeros((num_steps, 2))
-    next_obs = torch.zeros((2, 4, 84, 84), dtype=torch.uint8)
-    rewards, dones = np.zeros((num_steps, 2), np.float32), np.zeros((num_steps + 1, 2), np.float32)
-    storage = (obs, actions, logprobs, values, next_obs, rewards, dones)
-    rollout = ppo_atari.Rollout(env_groups, [slice(0, 1), slice(1, 2)], 1, storage, pin=False)
+    rollout = ppo_atari.Rollout(env_groups, [slice(0, 1), slice(1, 2)], 1, atari_storage(num_steps, 2), pin=False)
     rng = np.random.default_rng(0)
 
     def act(x):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error, run_in_process, scalars
+from helpers import FrameLog, assert_one_line_error, atari_storage, run_in_process, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_atari.py")
@@ -164,13 +164,9 @@ def collect_and_check(envs, num_steps, epochs, seed=0, gamma=0.9, gae_lambda=0.8
     """Run AsyncRollout.collect `epochs` times on a spied env and check every rollout against the spy's log."""
     spy = Spy(envs)
     n = envs.num_envs
-    obs = torch.zeros((num_steps, n, 4, 84, 84), dtype=torch.uint8)
-    obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)  # channels-last, as the script stores it
-    actions = torch.zeros((num_steps, n), dtype=torch.long)
-    logprobs, values = torch.zeros((num_steps, n)), torch.zeros((num_steps, n))
-    next_obs = torch.zeros((n, 4, 84, 84), dtype=torch.uint8)
-    rewards, dones = np.zeros((num_steps, n), np.float32), np.zeros((num_steps + 1, n), np.float32)
-    rollout = ppo_atari.AsyncRollout(spy, 1, (obs, actions, logprobs, values, next_obs, rewards, dones))
+    storage = atari_storage(num_steps, n)
+    obs, actions, logprobs, values, next_obs, rewards, dones = storage
+    rollout = ppo_atari.AsyncRollout(spy, 1, storage)
     rng = np.random.default_rng(seed)
 
     def act(batch_obs):  # the observations that recv() handed back, on the device
@@ -241,27 +237,12 @@ def test_fake_async_env_every_env_stores_its_own_steps_in_order():
     assert stale  # steps sent in one collect that came back in the next: played, not stored (checked above)
 
 
-class FrameLog:
-    """A VideoRecorder that keeps the frames it is given, with whether each ended a game."""
-
-    def __init__(self):
-        self.frames = []
-
-    def add(self, frame, game_over):
-        self.frames.append((frame, game_over))
-
-
 def test_a_recorded_game_ends_on_its_own_last_frame():
     """Before: the frame recorded at a game over was the observation recv() handed back, which SameStep auto-reset
     makes the next game's first; a game's last frame is in info["final_obs"]."""
     spy = Spy(FakeAsyncEnv(3, 2, speeds=[1.0, 1.4, 1.2]))
     num_steps = 30
-    obs = torch.zeros((num_steps, 3, 4, 84, 84), dtype=torch.uint8)
-    actions = torch.zeros((num_steps, 3), dtype=torch.long)
-    logprobs, values = torch.zeros((num_steps, 3)), torch.zeros((num_steps, 3))
-    next_obs = torch.zeros((3, 4, 84, 84), dtype=torch.uint8)
-    rewards, dones = np.zeros((num_steps, 3), np.float32), np.zeros((num_steps + 1, 3), np.float32)
-    rollout = ppo_atari.AsyncRollout(spy, 1, (obs, actions, logprobs, values, next_obs, rewards, dones))
+    rollout = ppo_atari.AsyncRollout(spy, 1, atari_storage(num_steps, 3))
 
     def act(batch_obs):
         spy.policy |= {e: (0.0, 0.0) for e in spy.ids}
