@@ -457,7 +457,7 @@ def write_report(study, config: dict, storage: str, out_dir: str) -> None:
     counts = ", ".join(f"{states.count(s)} {s.lower()}" for s in ("COMPLETE", "PRUNED", "RUNNING", "WAITING"))
     counts = f"{len(states)} trials: {counts}, {states.count('FAIL') - again} failed, {again} stopped and queued again"
     best = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: -t.value)[:10]
-    names = [find_field(spec.split("=")[0], script_fields(config["script"]), "").flag[2:] for spec in config["params"]]
+    names = [spec.split("=")[0].strip().removeprefix("--").replace("_", "-") for spec in config["params"]]  # Optuna's
     env, seed = (config[k][0] if len(config[k]) == 1 else None for k in ("envs", "seeds"))
     where = (["--env-id", env] if env else []) + (["--seed", seed] if seed else [])
     rows = []
