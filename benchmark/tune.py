@@ -136,8 +136,9 @@ def parse_param(spec: str, fields: dict[str, Field], script: str):
         raise SweepError(f"{what}: write LOW:HIGH, LOW:HIGH:log or LOW:HIGH:STEP for a number, or a,b for choices")
     step = convert(rest[0], f, what) if rest and rest != ["log"] else 1 if f.kind == "int" else None
     kind = optuna.distributions.IntDistribution if f.kind == "int" else optuna.distributions.FloatDistribution
+    low, high = convert(low, f, what), convert(high, f, what)  # outside the try: their errors say it once
     try:
-        return f.flag[2:], kind(convert(low, f, what), convert(high, f, what), log=rest == ["log"], step=step)
+        return f.flag[2:], kind(low, high, log=rest == ["log"], step=step)
     except ValueError as exc:  # Optuna's check of the range
         raise SweepError(f"{what}: {exc}") from None
 
@@ -159,6 +160,8 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
             inside = value in dist.choices
         else:
             inside = value is not None and dist.low <= value <= dist.high
+        if value is None and text == "defaults":  # a field whose default is set from others (a preset's, say)
+            raise SweepError(f'--enqueue defaults: {name} has no default of its own; give it: --enqueue "{name}=..."')
         if not inside:
             raise SweepError(f"--enqueue {text}: give each searched flag a value in its space, not {name}={value}")
     return values

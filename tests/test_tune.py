@@ -65,7 +65,11 @@ def test_the_search_space_comes_from_the_scripts_args():
         (["--param", "seed=1:9"], ["--seed is not searched", "--seeds"]),
         (["--param", "anneal-lr=0:1"], ["LOW:HIGH", "a,b for choices"]),
         (["--param", "learning-rate=0:1e-3:log"], ["learning-rate=0:1e-3:log"]),  # Optuna's check of the range
-        (["--param", "update-epochs=1.5:4"], ["--update-epochs takes a value of type int, not '1.5'"]),
+        (
+            ["--param", "update-epochs=1.5:4"],
+            ["error: --param update-epochs=1.5:4: --update-epochs takes a value of type int"],  # the --param once
+        ),
+        (["--param", "num-steps=8:64", "--enqueue", "defaults"], ["num-steps has no default of its own"]),
         (["--param", "sim=cpu,gpu"], ["--sim takes one of cpu, mjx, not 'gpu'"]),  # a Literal's values, up front
         ([], ["--param NAME=SPEC"]),
         (["--param", "gamma=0.9:0.99", "--", "--seed", "3"], ["--seed after -- is set by the tuner", "--seeds"]),
