@@ -521,5 +521,7 @@ if __name__ == "__main__":
     # ---------------- end of the run
     if not diverged and iteration == num_iterations:
         run.save_model(dict(model=q_network.state_dict()))
+    if recorder is not None:  # the game it was recording when the run ended or stopped
+        run.log_video(recorder.close())
     run.close(global_step, diverged)
     run.exit(diverged, global_step)

@@ -586,6 +586,8 @@ if __name__ == "__main__":
     # ---------------- end of the run
     if not diverged and iteration == args.num_iterations:
         run.save_model(dict(model=agent.state_dict()))
+    if recorder is not None:  # the game it was recording when the run ended or stopped
+        run.log_video(recorder.close())
     run.close(global_step, diverged)
     for envs in env_groups:
         envs.close()

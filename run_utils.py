@@ -614,9 +614,17 @@ class VideoRecorder:
         self.episode += game_over
         if not (game_over and self.frames):
             return None
+        return self.write(f"episode-{episode}.mp4")
+
+    def close(self) -> str | None:
+        """At the end of a run (or its stop): the recorded game still being played, if any, to
+        episode-<k>-unfinished.mp4; returns its path."""
+        return self.write(f"episode-{self.episode}-unfinished.mp4") if self.frames else None
+
+    def write(self, name: str) -> str:
         from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
 
-        path = os.path.join(self.folder, f"episode-{episode}.mp4")
+        path = os.path.join(self.folder, name)
         ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
         self.frames = []
         return path

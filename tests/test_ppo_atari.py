@@ -280,6 +280,14 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_error(tmp_path, bad_checkpoi
     assert_one_line_error(run(args, tmp_path, timeout=120), "does not fit")
 
 
+def test_a_recorded_game_still_playing_when_the_run_ends_is_written_too(tmp_path):
+    """Before: it was dropped, and a short run with --capture-video left an empty videos folder."""
+    out = run([*TINY, "--total-timesteps", "32", "--capture-video"], tmp_path)  # Breakout's first game lasts longer
+    assert out.returncode == 0, out.stderr
+    videos = glob.glob(str(tmp_path / "videos" / "*" / "*.mp4"))
+    assert [os.path.basename(v) for v in videos] == ["episode-0-unfinished.mp4"] and os.path.getsize(videos[0]) > 0
+
+
 def test_video_recorder_writes_first_game(tmp_path):
     recorder = run_utils.VideoRecorder(str(tmp_path / "videos"), fps=15)
     stacks = np.random.default_rng(0).integers(0, 255, (10, 4, 84, 84), dtype=np.uint8)
