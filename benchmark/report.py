@@ -157,8 +157,9 @@ def load_run(path: str) -> Run | None:
         seg.wall_time = max(e[1] for e in kept_events) - min(e[1] for e in kept_events)
         run.last_event = max(run.last_event, max(e[1] for e in events[i]))  # a crash's last words count for "stale"
         counts = {e[0]: e[2] for e in kept.get(EPISODES_TAG, [])}  # logged at the same step as the mean
-        returns += [(e[0], e[2], counts.get(e[0], 1)) for e in kept.get(RETURN_TAG, [])]
-        seg.episodes = int(sum(counts.get(e[0], 1) for e in kept.get(RETURN_TAG, [])))
+        seg_returns = [(e[0], e[2], counts.get(e[0], 1)) for e in kept.get(RETURN_TAG, [])]
+        returns += seg_returns
+        seg.episodes = int(sum(games for *_, games in seg_returns))
         if kept.get(SPS_TAG):
             seg.sps = float(np.median([e[2] for e in kept[SPS_TAG]]))
             sps.setdefault(seg.device, []).extend(e[2] for e in kept[SPS_TAG])

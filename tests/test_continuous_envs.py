@@ -16,6 +16,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmark"))
+import baseline_ppo  # noqa: E402  (CleanRL's PPO as a reader knows it, its make_env among it)
+
 import continuous_envs  # noqa: E402
 import mjx_envs  # noqa: E402
 import ppo_continuous as pc  # noqa: E402
@@ -24,24 +27,13 @@ GAMMA = 0.99
 CPU = torch.device("cpu")
 
 
-def cleanrl_env(env_id):
-    """CleanRL's make_env: its wrappers in its order."""
-    env = gym.wrappers.FlattenObservation(gym.make(env_id))
-    env = gym.wrappers.RecordEpisodeStatistics(env)
-    env = gym.wrappers.ClipAction(env)
-    env = gym.wrappers.NormalizeObservation(env)
-    env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
-    env = gym.wrappers.NormalizeReward(env, gamma=GAMMA)
-    return gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
-
-
 def host_envs(env_fns):
     return continuous_envs.HostEnvs(env_fns, False, GAMMA, CPU)
 
 
 def test_host_envs_process_as_cleanrls_wrappers_while_no_episode_ends():
     mode = gym.vector.AutoresetMode.SAME_STEP
-    reference = gym.vector.SyncVectorEnv([lambda: cleanrl_env("Pendulum-v1")], autoreset_mode=mode)
+    reference = gym.vector.SyncVectorEnv([baseline_ppo.make_env("Pendulum-v1", GAMMA)], autoreset_mode=mode)
     envs = host_envs([lambda: pc.DropInfo(gym.make("Pendulum-v1"))])
     expected, _ = reference.reset(seed=3)
     # gymnasium keeps Pendulum's statistics in float32 (the observations' dtype), HostEnvs in float64: the first
