@@ -61,7 +61,7 @@ GRACE_S = 15  # after SIGINT, the seconds a part has to write what it has
 TIME_UP = 75  # a part's exit status when its time cut its last runs and every other was measured
 SKIPPED = "skipped: the part's time was up"  # the status of a run that its part's time cut
 # (part, its output, the most seconds it may take, the seconds kept for it while the parts before it run)
-PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 130, 60), ("ab", "lease.log", 240, 100)]
+PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 170, 60), ("ab", "lease.log", 240, 100)]
 PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45), ("mjx", "lease.log", 240, 0)]
 PARTS += [("learn", "lease.log", 400, 0)]  # a call of its own: not in the default --parts
 LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its last iteration and checkpoint
@@ -418,7 +418,8 @@ def cmd_run(o) -> int:
     me = [sys.executable, os.path.abspath(__file__), "part", "--out", o.out, "--work", work, "--before", o.before]
     me += ["--dry-run"] if o.dry_run else []
     # the dry run collects one test file (the whole suite's collection takes a CPU long, and CI collects it anyway)
-    tests = ["-p", "no:cacheprovider", "-q", "-n", "0" if o.dry_run else "8"]
+    # -v: each test's name as it ends, so a part cut by its limit shows which test was still running
+    tests = ["-p", "no:cacheprovider", "-v", "-n", "0" if o.dry_run else "12"]
     tests.append("tests/test_cuda_graph.py" if o.dry_run else "tests")
     profile = "--gpu true --steps 150"
     if o.dry_run:

@@ -17,6 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmark"))
+pytest.importorskip("stable_baselines3", reason="benchmark/baseline_ppo.py needs it: pip install -e '.[test]'")
 import baseline_ppo  # noqa: E402  (CleanRL's PPO as a reader knows it, its make_env among it)
 
 import continuous_envs  # noqa: E402
