@@ -307,6 +307,7 @@ def evaluate(env, act):
 
 if __name__ == "__main__":
     # ---------------- arguments and their checks
+    run_utils.stop_in_one_line()  # until the run starts
     args = tyro.cli(Args)
     given = dict(vars(args))
     with run_utils.one_line_errors():

@@ -365,6 +365,7 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
 
 if __name__ == "__main__":
     # ---------------- arguments and their checks
+    run_utils.stop_in_one_line()  # until the run starts
     args = tyro.cli(Args)
     given = dict(vars(args))  # as typed, before the checks fill in the minibatch fields
     rank = int(os.environ.get("RANK", 0))

@@ -301,6 +301,7 @@ def evaluate(envs, agent, obs_rms, seed: int) -> np.ndarray:
 
 if __name__ == "__main__":
     # ---------------- arguments and their checks
+    run_utils.stop_in_one_line()  # until the run starts
     args = tyro.cli(Args)
     given = dict(vars(args))  # as typed, before the preset and the checkpoint fill in the rest
     with run_utils.one_line_errors():

@@ -95,6 +95,20 @@ RUN_FLAGS = {f.name for f in dataclasses.fields(RunArgs)}
 """The flags ``--resume`` takes from the command line in every script; a script adds its own to ``RUNTIME_FLAGS``."""
 
 
+def stop_in_one_line() -> None:
+    """Until a :class:`Run` takes them over, SIGINT and SIGTERM end the process at once with one line and status
+    128 + the signal: nothing is written before a run starts, nor by --eval-checkpoint. Not a traceback, nor the C++
+    abort of a KeyboardInterrupt raised inside MuJoCo's warning callback while envs are made."""
+
+    def stop(signum: int, frame) -> None:
+        sys.stdout.flush()
+        print(f"stopped on {signal.Signals(signum).name}: nothing was written", file=sys.stderr, flush=True)
+        os._exit(128 + signum)  # not sys.exit: an exception cannot cross the C++ frames a signal may arrive in
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """A ValueError or FileNotFoundError raised inside ends the process with one ``error: ...`` line, status 2."""

@@ -23,7 +23,11 @@ MAIN_SECTIONS = ["arguments and their checks", "device, threads, seeds", "loggin
 MAIN_SECTIONS += ["training loop", "logging", "end of the run"]
 HELPERS = ["layer_init", "validate", "load_checkpoint", "evaluate"]  # each script's own (Snake has no layer_init)
 # what every script does the same way is written once in run_utils and called from each script's main block
-LIFECYCLE = ["with run_utils.one_line_errors():", "run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)"]
+LIFECYCLE = [
+    "run_utils.stop_in_one_line()",
+    "with run_utils.one_line_errors():",
+    "run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)",
+]
 LIFECYCLE += ["run_utils.select_device(args", "run_utils.exit_if_done(ckpt, ", "run_utils.new_run_name("]
 LIFECYCLE += ["run_utils.seed(args.seed", "run_utils.print_device(device, device_why", "run_utils.print_config(args, "]
 LIFECYCLE += [

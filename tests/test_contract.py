@@ -158,6 +158,21 @@ def test_eval_saved_model_and_checkpoint(script, finished, tmp_path):
         assert "over 2 episodes" in res.stdout, res.stdout
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_ctrl_c_during_eval_checkpoint_is_one_line(script, finished, tmp_path):
+    """Ctrl-C while --eval-checkpoint evaluates: one line and status 130. Before: a KeyboardInterrupt traceback, and
+    a C++ abort ("libc++abi: terminating") when it arrived inside MuJoCo's warning callback while envs were made."""
+    interrupt = "import os, runpy, signal, sys, run_utils\nload = run_utils.load_states\n"
+    interrupt += "def load_then_ctrl_c(*args):\n    load(*args)\n    os.kill(os.getpid(), signal.SIGINT)\n"
+    interrupt += "run_utils.load_states = load_then_ctrl_c\nsys.argv = sys.argv[1:]\n"
+    interrupt += "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    res = run_with(["-c", interrupt], script, ["--eval-checkpoint", finished(script) / "checkpoint.pt"], tmp_path)
+    assert res.returncode == 130, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == "stopped on SIGINT: nothing was written", res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "eval " not in res.stdout
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("reader, writer", [(r, w) for r in SCRIPTS for w in SCRIPTS if r != w])
 @pytest.mark.parametrize("file", ["checkpoint.pt", "model"])
 def test_another_scripts_file_names_the_script_that_wrote_it(reader, writer, file, finished, tmp_path):
