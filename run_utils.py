@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import random
 import shlex
@@ -96,17 +97,52 @@ RUN_FLAGS = {f.name for f in dataclasses.fields(RunArgs)}
 
 
 def stop_in_one_line() -> None:
-    """Until a :class:`Run` takes them over, SIGINT and SIGTERM end the process at once with one line and status
-    128 + the signal: nothing is written before a run starts, nor by --eval-checkpoint. Not a traceback, nor the C++
-    abort of a KeyboardInterrupt raised inside MuJoCo's warning callback while envs are made."""
+    """Until a :class:`Run` takes them over, SIGINT, SIGTERM and a closed stdout (``| head``) end the process at once
+    with one line and status 128 + the signal (SIGPIPE's for stdout): nothing is written before a run starts, nor by
+    --eval-checkpoint. Not a traceback, nor the C++ abort of a KeyboardInterrupt inside MuJoCo's warning callback."""
 
-    def stop(signum: int, frame) -> None:
+    def stop(signum: int, why: str) -> None:
         sys.stdout.flush()
-        print(f"stopped on {signal.Signals(signum).name}: nothing was written", file=sys.stderr, flush=True)
+        print(f"stopped on {why}: nothing was written", file=sys.stderr, flush=True)
         os._exit(128 + signum)  # not sys.exit: an exception cannot cross the C++ frames a signal may arrive in
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
+        signal.signal(sig, lambda signum, frame: stop(signum, signal.Signals(signum).name))
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # `| tee run.log` shows each line as it comes, not 8 KB later
+    sys.stdout = StdoutGuard(sys.stdout, lambda: stop(signal.SIGPIPE, "a closed stdout"))
+
+
+class StdoutGuard:
+    """``sys.stdout`` whose reader may go away (``| head``, a closed pipe): the write that finds it gone calls
+    ``on_close`` once, and the rest goes to os.devnull, where a bare print would raise BrokenPipeError mid-run."""
+
+    def __init__(self, stream, on_close: Callable[[], None]) -> None:
+        self.stream = stream
+        self.on_close = on_close
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # the buffered rest too, flushed at exit
+        if not self.gone:
+            self.gone = True
+            self.on_close()
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 @contextlib.contextmanager
@@ -444,6 +480,9 @@ class Run:
         self.stop: list[str] = []  # the signal that asked to stop
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: self.stop.append(signal.Signals(signum).name))
+        if isinstance(sys.stdout, StdoutGuard):  # a closed stdout stops the run as a signal does; the list's method,
+            # not a lambda holding the Run: sys.stdout outlives the objects it would keep, nanobind reports them at exit
+            sys.stdout.on_close = functools.partial(self.stop.append, "a closed stdout")
         self.writer = None
         self.wandb = None
         self.wandb_id = ckpt.get("wandb_id") if ckpt else None  # kept by a leg without --track, for the next with it
@@ -558,7 +597,8 @@ class Run:
         if stopping and not finished:
             why = (self.stop or ["a signal to another process"])[0]
             resume = resume_command(self.checkpoint_path)
-            print(f"stopping on {why}: checkpoint at step {state['global_step']}; continue with: {resume}")
+            out = sys.stderr if getattr(sys.stdout, "gone", False) else sys.stdout  # where it is read
+            print(f"stopping on {why}: checkpoint at step {state['global_step']}; continue with: {resume}", file=out)
 
     def save_model(self, state: dict) -> None:
         """--save-model: the final model (and what a loaded policy needs besides) to runs/<name>/<exp_name>.model."""

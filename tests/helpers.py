@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import time
@@ -91,6 +92,7 @@ def run_in_process(script, args, cwd) -> subprocess.CompletedProcess:
     command = [str(script), *map(str, args)]
     stdout, stderr = io.StringIO(), io.StringIO()
     argv, here, enable_tf32 = sys.argv, os.getcwd(), gpu_utils.enable_tf32
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # run_utils.stop_in_one_line's
     sys.argv, gpu_utils.enable_tf32 = command, past_the_checks
     status = 0
     try:
@@ -102,6 +104,8 @@ def run_in_process(script, args, cwd) -> subprocess.CompletedProcess:
     finally:
         sys.argv, gpu_utils.enable_tf32 = argv, enable_tf32
         os.chdir(here)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     return subprocess.CompletedProcess(command, status, stdout.getvalue(), stderr.getvalue())
 
 

@@ -173,6 +173,25 @@ def test_ctrl_c_during_eval_checkpoint_is_one_line(script, finished, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_run_whose_stdout_closes_stops_with_its_checkpoint(tmp_path):
+    """`python ppo_continuous.py ... | head`: the run's output comes line by line, and once its reader has gone the
+    run stops as on a signal, with its checkpoint and the command that continues it on stderr. Before: output in 8 KB
+    blocks, then a BrokenPipeError traceback from a print mid-run, and no checkpoint. One script: run_utils's."""
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    args = [*TINY["ppo_continuous"][:-1], "25600"]  # 400 iterations: far more than it makes before the reader goes
+    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--no-progress-bar", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("iteration 1/"):
+            break
+    proc.stdout.close()  # the reader goes, as `head` does
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, stderr[-2000:]
+    assert "Traceback" not in stderr and "stopping on a closed stdout: checkpoint at step " in stderr, stderr[-2000:]
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    assert run_utils.read_checkpoint(checkpoint)["status"] == "stopped"
+
+
 @pytest.mark.parametrize("reader, writer", [(r, w) for r in SCRIPTS for w in SCRIPTS if r != w])
 @pytest.mark.parametrize("file", ["checkpoint.pt", "model"])
 def test_another_scripts_file_names_the_script_that_wrote_it(reader, writer, file, finished, tmp_path):
