@@ -69,7 +69,8 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     max_grad_norm: float = 10.0
     """the maximum norm for the gradient clipping"""
     log_every: int = 25_600
-    """env steps between scalar logs (whole iterations); charts/SPS: env steps/s with learning on in that window"""
+    """env steps between scalar logs (whole iterations); charts/SPS: env steps/s in that window (acting only, before
+    --learning-starts)"""
     eval_epsilon: float = 0.0
     """epsilon of the --eval-checkpoint policy"""
 

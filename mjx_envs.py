@@ -35,7 +35,7 @@ import torch
 
 import continuous_envs
 
-INSTALL_HINT = 'pip install -e ".[mjx]"'
+INSTALL_HINT = 'pip install -e ".[mjx]" (Python >= 3.11)'
 WARP_INSTALL_HINT = 'pip install -e ".[mjx,warp]"'
 
 

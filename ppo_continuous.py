@@ -112,7 +112,8 @@ def resolve_args(args: Args) -> dict[str, str]:
     total = args.num_envs * args.num_steps
     if args.num_minibatches is not None or (args.minibatch_size is None and not preset):
         nmb = DEFAULTS["num_minibatches"] if args.num_minibatches is None else args.num_minibatches
-        sources["minibatch_size"] = "default" if args.num_minibatches is None else "command line"
+        sources["num_minibatches"] = "default" if args.num_minibatches is None else "command line"
+        sources["minibatch_size"] = "derived"
         args.minibatch_size = str(gpu_utils.choose_batch_size(total, parts=nmb))
     else:  # an integer dividing the total, 'auto', or the preset's size (the largest divisor below it if that fails)
         target = int(preset["minibatch_size"]) if preset else total // DEFAULTS["num_minibatches"]
@@ -123,8 +124,8 @@ def resolve_args(args: Args) -> dict[str, str]:
         else:
             sources["minibatch_size"] = f"auto, <= {target}" if requested.strip().lower() == "auto" else "command line"
         args.minibatch_size = str(size)
+        sources["num_minibatches"] = "derived"
     args.num_minibatches = total // int(args.minibatch_size)
-    sources["num_minibatches"] = sources["minibatch_size"]  # one follows from the other
     return sources
 
 

@@ -43,7 +43,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from statistics import fmean, pstdev
+from statistics import fmean, stdev
 
 import tyro
 
@@ -68,8 +68,8 @@ LEARN_S, LEARN_MARGIN_S = 300, 15  # #40: each seed's wall time; after it, its l
 EVAL_S, EVAL_POINTS, EVAL_EPISODES = 30, 10, 10  # then the evaluations of its checkpoint copies: time, points, episodes
 TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_continuous_action.py: v4, 1M steps
 # the learn runs: 1,024 worlds x 8 steps, Brax's 32 minibatches x 8 epochs (CPU: both targets by 2.1M steps), and
-# each minibatch step a CUDA graph: eager, six runs at once made 1,300-2,600 SPS each, update-bound, and Hopper only
-# 0.4M steps in 300 s (benchmark/results/gpu_h200_2026-11-26_lease3)
+# each minibatch step a CUDA graph: eager, six runs at once made 1,300-2,600 SPS each and Hopper only 0.4M steps in
+# 300 s (gpu_h200_2026-11-26_lease3); Hopper's three alone, captured, 1.12M (gpu_h200_2026-11-27_hopper)
 LEARN = "--sim mjx --preset worlds --num-envs 1024 --num-steps 8 --num-minibatches 32 --update-epochs 8".split()
 LEARN += ["--gpu", "true", "--compile", "--cudagraphs"]  # after --env-id E
 MJX_TINY = "--env-id InvertedPendulum-v5 --sim mjx --gpu false --num-envs 16".split()
@@ -293,7 +293,10 @@ def part_learn(o) -> int:
             name = names[0] if names else f"no run folder (exit {proc.returncode})"
             rows.append([f"{env_id} seed {seed}", name, *cells, met])
             done += [figures] if figures[3] is not None else []
-        spread = [f"{speed.fmt(fmean(c), d)} ± {speed.fmt(pstdev(c), d)}" for c, d in zip(zip(*done), (0, 0, 0, 1))]
+        spread = [
+            f"{speed.fmt(fmean(c), d)} ± {speed.fmt(stdev(c) if len(c) > 1 else 0.0, d)}"
+            for c, d in zip(zip(*done), (0, 0, 0, 1))
+        ]
         met = speed.DASH if target is None else "yes" if done and fmean(f[3] for f in done) >= target else "no"
         rows.append([f"{env_id} mean ± std", f"{len(done)} seeds", *(spread or [speed.DASH] * 4), "-", "-", met])
         goal = "none (dry run)" if target is None else f">= {speed.fmt(target, 2)} (CleanRL, v4, 1M steps)"

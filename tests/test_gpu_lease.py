@@ -46,14 +46,15 @@ def test_the_gpu_tests_collect_without_the_test_extras_the_gpu_machine_lacks():
 
 
 def test_tracked_files_fit_one_lease_call():
-    """A call carries 64 MiB: the tree, the wheel kit (37 MB) and the old code. So at most 25 MB tracked and no file
-    over 8 MB (10M-step runs' checkpoints, 20 MB each, stay out of git)."""
+    """A call carries 64 MiB: the tree, the wheel kit (37 MB) and the old code. With 25.0 MB tracked, `prepare`
+    counted 60.4 MiB (2026-11-27): so at most 26 MB tracked, 2.6 MiB to spare, and no file over 8 MB (10M-step runs'
+    checkpoints, 20 MB each, stay out of git; a lease's event files go in as a CSV of their scalars)."""
     listed = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True, text=True)
     if listed.returncode != 0:
         pytest.skip("not a git checkout")
     sizes = {f: os.path.getsize(os.path.join(ROOT, f)) for f in listed.stdout.split("\0") if f}
     assert {f: size for f, size in sizes.items() if size > 8 * MB} == {}
-    assert sum(sizes.values()) <= 25 * MB, f"tracked files: {sum(sizes.values()) / MB:.1f} MB, over 25 MB"
+    assert sum(sizes.values()) <= 26 * MB, f"tracked files: {sum(sizes.values()) / MB:.1f} MB, over 26 MB"
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def test_bad_requests_get_one_line_errors_that_say_what_to_do(monkeypatch):
     )
     with pytest.raises(ImportError) as missing:
         MJXVectorEnv("Hopper-v5", 4)
-    assert str(missing.value) == 'MJX envs need jax and mujoco.mjx: pip install -e ".[mjx]"'
+    assert str(missing.value) == 'MJX envs need jax and mujoco.mjx: pip install -e ".[mjx]" (Python >= 3.11)'
     assert mjx_envs.os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     found = object()
     monkeypatch.setattr(mjx_envs.importlib.util, "find_spec", lambda name: None if name == "warp" else found)

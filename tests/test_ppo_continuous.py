@@ -51,7 +51,8 @@ def test_defaults():
     args, source = parse()
     assert (args.num_envs, args.num_steps, args.update_epochs, args.network_arch) == (1, 2048, 10, "64,64")
     assert (args.minibatch_size, args.num_minibatches) == ("64", 32)
-    assert set(source.values()) == {"default"} and source["num_minibatches"] == "default"  # the config print's source
+    assert source.pop("minibatch_size") == "derived"  # the config print's source: 2048 / 32 (before: "default")
+    assert set(source.values()) == {"default"} and source["num_minibatches"] == "default"
 
 
 @pytest.mark.parametrize(
@@ -73,6 +74,7 @@ def test_preset_expansion(preset, expected):
         args.num_minibatches,
     )
     assert got == expected
+    assert source.pop("num_minibatches") == "derived"  # the batch / the preset's minibatch size
     assert all(v == f"preset {preset}" for v in source.values())
 
 
@@ -85,8 +87,10 @@ def test_explicit_flags_override_preset_even_at_default_values():
     # the preset's 4096 no longer divides 1 x 256: the largest divisor below it is taken
     assert args.minibatch_size == "256" and "auto" in source["minibatch_size"]
     args, source = parse("--preset", "fast", "--num-minibatches", "8")
-    assert (args.minibatch_size, args.num_minibatches, source["minibatch_size"]) == ("512", 8, "command line")
+    assert (args.minibatch_size, args.num_minibatches, source["minibatch_size"]) == ("512", 8, "derived")
     assert source["num_minibatches"] == "command line"
+    args, source = parse("--num-envs", "2", "--num-steps", "256")  # 512 / the default 32 minibatches: not a default
+    assert (args.minibatch_size, source["minibatch_size"], source["num_minibatches"]) == ("16", "derived", "default")
 
 
 def test_minibatch_size_auto_and_explicit():
