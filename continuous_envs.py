@@ -38,6 +38,21 @@ def warn_once_per_process() -> None:
     mujoco.set_mju_user_warning(_warn_once)
 
 
+class RecordVideo(gym.wrappers.RecordVideo):
+    """gymnasium's RecordVideo whose failed write is a warning, not an exception out of the env's step: a Ctrl-C to
+    the process group stops ffmpeg too, and the run must still stop cleanly with its checkpoint."""
+
+    def stop_recording(self) -> None:
+        try:
+            super().stop_recording()
+        except (OSError, RuntimeError) as exc:
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            print(f"warning: video {self._video_name}.mp4 not written ({reason}); the run goes on", file=sys.stderr)
+            self.recorded_frames = []
+            self.recording = False
+            self._video_name = None
+
+
 def action_space(env_id: str, video: bool = False) -> gym.Space:
     """The action space of one ``env_id`` env. With ``video`` it first renders a frame, as --capture-video will, so
     that a missing renderer (pygame for the classic-control envs, an OpenGL for MuJoCo) is a one-line ValueError before

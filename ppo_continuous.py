@@ -177,7 +177,7 @@ def make_env(env_id, idx, capture_video, video_folder, in_subprocess):
         continuous_envs.warn_once_per_process()
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = gym.wrappers.RecordVideo(env, video_folder)
+            env = continuous_envs.RecordVideo(env, video_folder)  # gymnasium's, a failed write a warning
         if len(env.observation_space.shape or ()) != 1:
             env = gym.wrappers.FlattenObservation(env)
         return DropInfo(env)

@@ -675,10 +675,22 @@ class VideoRecorder:
         episode-<k>-unfinished.mp4; returns its path."""
         return self.write(f"episode-{self.episode}-unfinished.mp4") if self.frames else None
 
-    def write(self, name: str) -> str:
-        from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
-
+    def write(self, name: str) -> str | None:
+        """The recorded frames to <folder>/``name``; None, with a warning, when ffmpeg fails: a Ctrl-C to the process
+        group stops it too, and the run must still stop cleanly with its checkpoint."""
         path = os.path.join(self.folder, name)
-        ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
+        try:
+            from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video
+
+            ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
+        except (OSError, RuntimeError) as exc:
+            print(f"warning: video {path} not written ({first_line(exc)}); the run goes on", file=sys.stderr)
+            path = None
         self.frames = []
         return path
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line for a one-line message, or its type's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

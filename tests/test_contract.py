@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from helpers import assert_one_line_error, at_update_prefix, oom_prefix, run_in_process, scalars
@@ -190,6 +192,49 @@ def test_a_run_whose_stdout_closes_stops_with_its_checkpoint(tmp_path):
     assert "Traceback" not in stderr and "stopping on a closed stdout: checkpoint at step " in stderr, stderr[-2000:]
     (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     assert run_utils.read_checkpoint(checkpoint)["status"] == "stopped"
+
+
+class OneFrameGame(gym.Env):
+    """A game that ends at its first step and renders a black frame: a video of one game without a renderer."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,))
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,))
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+    render_mode = "rgb_array"
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, True, False, {}
+
+    def render(self):
+        return np.zeros((16, 16, 3), np.uint8)
+
+
+def test_a_video_ffmpeg_cannot_write_is_a_warning_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C to the process group stops ffmpeg mid-write: the video is dropped with a warning, and the run goes on
+    to stop cleanly with its checkpoint. Before: moviepy's OSError (Broken pipe) ended the run without one, in all
+    three scripts (run_utils.VideoRecorder; ppo_continuous's gymnasium RecordVideo)."""
+    import moviepy
+
+    import continuous_envs
+
+    def broken_pipe(*args, **kwargs):
+        raise OSError(32, "Broken pipe")
+
+    monkeypatch.setattr(moviepy.ImageSequenceClip, "write_videofile", broken_pipe)
+    recorder = run_utils.VideoRecorder(str(tmp_path / "atari"), fps=15)
+    assert recorder.add(np.zeros((16, 16, 3), np.uint8), game_over=True) is None  # game 0: recorded, then written
+    assert recorder.frames == [] and recorder.episode == 1
+    assert "warning: video " in capsys.readouterr().err
+    env = continuous_envs.RecordVideo(OneFrameGame(), str(tmp_path / "mujoco"), lambda game: game == 0)
+    env.reset(seed=0)
+    env.step(np.zeros(1, np.float32))
+    env.reset(seed=1)  # the next game: the last one's video is written, and fails
+    assert not env.recording and env.recorded_frames == []
+    assert "warning: video rl-video-episode-0.mp4 not written (" in capsys.readouterr().err
+    env.close()
 
 
 @pytest.mark.parametrize("reader, writer", [(r, w) for r in SCRIPTS for w in SCRIPTS if r != w])
