@@ -175,8 +175,9 @@ def thread_budget(requested: int = 0) -> ThreadBudget:
     """The CPU threads one run should use: ``requested`` (``--num-threads``) when given, else the CPUs it may run on
     (its affinity, which ``taskset`` and schedulers set), capped by ``SLURM_CPUS_PER_TASK`` and ``OMP_NUM_THREADS``;
     ``why`` names the variable that capped it, or the first one set (an explicit budget either way)."""
-    if requested < 0:
-        raise ValueError(f"--num-threads must be 0 (automatic) or positive, got {requested}")
+    most = 4 * (os.cpu_count() or 1)  # beyond, threads only slow torch down; at 100,000 the OS refuses them
+    if not 0 <= requested <= most:
+        raise ValueError(f"--num-threads must be 0 (automatic) or 1 to {most} (4 per CPU), got {requested}")
     if requested:
         return ThreadBudget(requested, "--num-threads")
     threads, why = available_cpus(), "CPU affinity"

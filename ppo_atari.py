@@ -83,8 +83,8 @@ RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_threads", "channels_last", "overlap_
 
 
 def validate(args: Args, world_size: int) -> None:
-    """Raise ValueError with the one-line message of the first setting that cannot work; fill in the minibatch size
-    and count (per process) that follow from the settings."""
+    """Raise ValueError with the one-line message of the first setting that cannot work; for training, fill in the
+    minibatch size and count per process (--num-minibatches, when given, wins: CleanRL's way to size them)."""
     hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
     sizes = [args.num_envs, args.num_steps, args.update_epochs, args.max_episode_frames]
     run_utils.check(
@@ -103,11 +103,12 @@ def validate(args: Args, world_size: int) -> None:
         }
     )
     batch_size = args.num_envs * args.num_steps  # per process
-    # --num-minibatches, when given, wins (CleanRL's way to size them); a BatchSizeError is a ValueError
-    args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size, parts=args.num_minibatches)
-    args.num_minibatches = batch_size // args.minibatch_size
+    if not args.eval_checkpoint:  # an evaluation plays --eval-episodes games: it has no batch (a BatchSizeError)
+        args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size, parts=args.num_minibatches)
+        args.num_minibatches = batch_size // args.minibatch_size
     one_batch = f"--total-timesteps must be at least one batch ({batch_size * world_size} agent steps)"
-    run_utils.check(run_utils.shared_checks(args) | {one_batch: args.total_timesteps >= batch_size * world_size})
+    enough = args.total_timesteps >= batch_size * world_size or bool(args.eval_checkpoint)
+    run_utils.check(run_utils.shared_checks(args) | {one_batch: enough})
 
 
 # ---------------------------------------------------------------- environment
@@ -593,8 +594,7 @@ if __name__ == "__main__":
     for envs in env_groups:
         envs.close()
     if distributed:
-        # wait (GIL released) until rank 0 has written its files: exiting straight after the last collective lets a
-        # gloo worker thread free its tensors during interpreter shutdown, which aborts the process
+        # wait for rank 0's files: exiting right after the last collective aborts in gloo's threads at shutdown
         dist.barrier()
         dist.destroy_process_group()
     run.exit(diverged, global_step)

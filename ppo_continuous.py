@@ -169,11 +169,11 @@ def make_env(env_id, idx, capture_video, video_folder, in_subprocess):
     parent = os.getpid()
 
     def thunk():
-        # a worker leaves Ctrl-C and SIGTERM, which reach the whole process group, to the parent: it ends its iteration,
+        # a worker leaves the stop signals, which reach the whole process group, to the parent: it ends its iteration,
         # saves its checkpoint and closes the workers. AsyncVectorEnv also calls one thunk in the parent.
         if in_subprocess and os.getpid() != parent:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for sig in run_utils.STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
         continuous_envs.warn_once_per_process()
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:

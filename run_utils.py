@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
+import itertools
 import os
 import random
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -96,8 +99,12 @@ RUN_FLAGS = {f.name for f in dataclasses.fields(RunArgs)}
 """The flags ``--resume`` takes from the command line in every script; a script adds its own to ``RUNTIME_FLAGS``."""
 
 
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+"""Ctrl-C, kill, timeout and scancel; a closed terminal or ssh session (SIGHUP, not on Windows)."""
+
+
 def stop_in_one_line() -> None:
-    """Until a :class:`Run` takes them over, SIGINT, SIGTERM and a closed stdout (``| head``) end the process at once
+    """Until a :class:`Run` takes them over, the STOP_SIGNALS and a closed stdout (``| head``) end the process at once
     with one line and status 128 + the signal (SIGPIPE's for stdout): nothing is written before a run starts, nor by
     --eval-checkpoint. Not a traceback, nor the C++ abort of a KeyboardInterrupt inside MuJoCo's warning callback."""
 
@@ -106,7 +113,7 @@ def stop_in_one_line() -> None:
         print(f"stopped on {why}: nothing was written", file=sys.stderr, flush=True)
         os._exit(128 + signum)  # not sys.exit: an exception cannot cross the C++ frames a signal may arrive in
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: stop(signum, signal.Signals(signum).name))
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # `| tee run.log` shows each line as it comes, not 8 KB later
@@ -114,7 +121,7 @@ def stop_in_one_line() -> None:
 
 
 class StdoutGuard:
-    """``sys.stdout`` whose reader may go away (``| head``, a closed pipe): the write that finds it gone calls
+    """``sys.stdout`` whose reader may go away (``| head``, a closed terminal): the write that finds it gone calls
     ``on_close`` once, and the rest goes to os.devnull, where a bare print would raise BrokenPipeError mid-run."""
 
     def __init__(self, stream, on_close: Callable[[], None]) -> None:
@@ -125,17 +132,19 @@ class StdoutGuard:
     def write(self, text: str) -> int:
         try:
             return self.stream.write(text)
-        except BrokenPipeError:
-            self._gone()
+        except OSError as exc:
+            self._gone(exc)
             return len(text)
 
     def flush(self) -> None:
         try:
             self.stream.flush()
-        except BrokenPipeError:
-            self._gone()
+        except OSError as exc:
+            self._gone(exc)
 
-    def _gone(self) -> None:
+    def _gone(self, exc: OSError) -> None:
+        if exc.errno not in (errno.EPIPE, errno.EIO):  # a pipe without a reader, a closed terminal; else not ours
+            raise exc
         os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # the buffered rest too, flushed at exit
         if not self.gone:
             self.gone = True
@@ -172,6 +181,9 @@ def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
     several_gpus = "for several GPUs, run several seeds at once with benchmark/sweep.py"
     checks = {
         f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0 <= args.seed < 2**32,  # numpy's seeding: no other
+        "--resume needs the path of a checkpoint.pt, got an empty one": args.resume != "",
+        "--eval-checkpoint needs the path of a checkpoint.pt or .model file, got an empty one": args.eval_checkpoint
+        != "",
         "--resume trains and --eval-checkpoint evaluates: pass one": not (args.resume and args.eval_checkpoint),
         "--eval-checkpoint runs in one process: start it with python, not torchrun": not (
             args.eval_checkpoint and world > 1
@@ -247,7 +259,8 @@ def print_config(args, given: dict, from_checkpoint: bool, runtime_flags: set, s
 
 def resume_command(path: str) -> str:
     """The command that continues a run: this process's own, its --resume (if any) replaced by ``path``, so the flags
-    of how it runs (--track, --save-model, ...) come along; what it trains comes from the checkpoint."""
+    of how it runs (--track, --save-model, ...) come along; what it trains comes from the checkpoint. It starts with
+    this Python (or torchrun with as many processes), so that it works when pasted."""
     words = []
     argv = iter(sys.argv[1:])
     for word in argv:
@@ -255,7 +268,14 @@ def resume_command(path: str) -> str:
             next(argv, None)
         elif not word.startswith("--resume="):
             words.append(word)
-    return shlex.join(["python", sys.argv[0], *words, "--resume", path])
+    on_path = shutil.which("python")  # `python` where it is this interpreter (an active venv); else its full path
+    same = on_path is not None and os.path.realpath(on_path) == os.path.realpath(sys.executable)
+    launcher = ["python" if same else sys.executable]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if world > 1:  # torchrun: its processes each continue their own random state, so as many again
+        launcher = ["torchrun", f"--nproc-per-node={local}", *([f"--nnodes={world // local}"] if world > local else [])]
+    return shlex.join([*launcher, sys.argv[0], *words, "--resume", path])
 
 
 def end_evaluation(env: str, returns: np.ndarray, more: str = "") -> None:
@@ -286,8 +306,8 @@ def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable or unsafe file gets the same one-line answer
         raise CheckpointError(
-            f"cannot read checkpoint {path!r} ({type(exc).__name__}); it is not a file a script of this repository "
-            "wrote, or it holds more than data"
+            f"cannot read checkpoint {path!r} ({type(exc).__name__}: {first_line(exc)}); it is cut short or damaged, "
+            "not a file a script of this repository wrote, or it holds more than data"
         ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise CheckpointError(f"{path!r} is not a {script} checkpoint (no model/args); use one a script wrote")
@@ -400,6 +420,23 @@ def mark_diverged(path: str) -> str:
 
 
 # ---------------------------------------------------------------- the run folder's lock
+def new_run_dir(name: str) -> str:
+    """Make a new run's folder, runs/``name``, and return its name. A run started in the same second with the same env,
+    exp_name and seed has taken it: then the next free second's name, so no run writes into another's folder."""
+    prefix, stamp = name.rsplit("__", 1)
+    try:
+        os.makedirs("runs", exist_ok=True)
+        for second in itertools.count(int(stamp)):
+            try:
+                os.mkdir(os.path.join("runs", f"{prefix}__{second}"))
+                return f"{prefix}__{second}"
+            except FileExistsError:
+                continue
+    except OSError as exc:  # a read-only folder, a file named runs
+        raise ValueError(f"cannot make runs/{name} here ({exc.strerror}); start the run in a writable folder") from None
+    raise AssertionError("unreachable")
+
+
 def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
     """Hold ``<run_dir>/.lock`` while this process lives, so no second process writes into a live run's folder.
     Returns the descriptor to keep open, or None where locks do not work; ``RunInUse`` when another process holds it."""
@@ -466,9 +503,9 @@ class Run:
     ) -> None:
         self.args = args
         self.script = script
-        self.name = name
-        self.dir = (os.path.dirname(args.resume) or ".") if ckpt else os.path.join("runs", name)  # from any folder
-        videos = os.path.join(os.path.dirname(os.path.dirname(self.dir)), "videos", name)  # beside runs/
+        self.name = new_run_dir(name) if is_main and not ckpt else name  # its folder made now
+        self.dir = (os.path.dirname(args.resume) or ".") if ckpt else os.path.join("runs", self.name)  # any folder
+        videos = os.path.join(os.path.dirname(os.path.dirname(self.dir)), "videos", self.name)  # beside runs/
         # a resumed leg's videos in a folder of their own: its games count from 0 again, and must not overwrite
         self.video_folder = os.path.join(videos, f"resumed-at-step-{start_step}") if ckpt else videos
         self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
@@ -478,8 +515,8 @@ class Run:
         self.is_main = is_main
         self.print_every = print_every  # iterations between progress lines when there is no progress bar
         self.stop: list[str] = []  # the signal that asked to stop
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda signum, frame: self.stop.append(signal.Signals(signum).name))
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop_signal)
         if isinstance(sys.stdout, StdoutGuard):  # a closed stdout stops the run as a signal does; the list's method,
             # not a lambda holding the Run: sys.stdout outlives the objects it would keep, nanobind reports them at exit
             sys.stdout.on_close = functools.partial(self.stop.append, "a closed stdout")
@@ -504,6 +541,10 @@ class Run:
                     id=self.wandb_id,
                 )
             try:
+                if not os.access(
+                    self.dir, os.W_OK
+                ):  # else TensorBoard's writer thread fails with a traceback of its own
+                    raise PermissionError(errno.EACCES, "not writable")
                 self.writer = SummaryWriter(self.dir)
             except OSError as exc:  # a read-only copy of a run, say
                 raise ValueError(
@@ -519,6 +560,13 @@ class Run:
         self.windows: list[tuple[int, float]] = []  # (env steps, seconds) of each log window; the first is warm-up
         self.recent_returns: list[float] = []
         self.start_time = time.time()
+
+    def _on_stop_signal(self, signum: int, frame) -> None:
+        """Stop after this iteration, with a checkpoint; say so at once, as an iteration can take minutes."""
+        name = signal.Signals(signum).name
+        if not self.stop and self.is_main:  # os.write: a print here could re-enter one the signal interrupted
+            os.write(2, f"{name}: stopping after this iteration, with a checkpoint\n".encode())
+        self.stop.append(name)
 
     def log(self, scalars: dict, step: int) -> None:
         """Write scalars to TensorBoard (and so to W&B)."""

@@ -9,6 +9,7 @@ import glob
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,6 +195,84 @@ def test_a_run_whose_stdout_closes_stops_with_its_checkpoint(tmp_path):
     assert run_utils.read_checkpoint(checkpoint)["status"] == "stopped"
 
 
+def test_a_closed_terminal_stops_a_run_with_its_checkpoint_and_each_stop_is_said_at_once(tmp_path):
+    """SIGHUP (the terminal or ssh session closed) stops a run as Ctrl-C does, and the first stop signal is answered at
+    once on stderr, not only when the iteration ends. Before: SIGHUP killed the run with no checkpoint."""
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    args = [*TINY["ppo_continuous"][:-1], "25600"]
+    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--no-progress-bar", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("iteration 1/"):
+            proc.send_signal(signal.SIGHUP)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "SIGHUP: stopping after this iteration, with a checkpoint\n" in err, err[-2000:]
+    assert "stopping on SIGHUP: checkpoint at step " in out, out[-2000:]
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    assert run_utils.read_checkpoint(checkpoint)["status"] == "stopped"
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    """Two new runs with the same env, exp_name and seed in one second: the second takes the next second's name.
+    Before: it was refused as 'in use by a live run', or wrote into the first one's folder once that had ended."""
+    monkeypatch.chdir(tmp_path)
+    names = [run_utils.new_run_dir("Pendulum-v1__ppo_continuous__1__1795748268") for _ in range(3)]
+    assert names == [f"Pendulum-v1__ppo_continuous__1__{1795748268 + k}" for k in range(3)]
+    assert sorted(os.listdir("runs")) == names
+
+
+def test_a_new_run_where_no_runs_folder_can_be_made_is_one_line(tmp_path):
+    """Before: a NotADirectoryError (or a read-only file system's OSError) traceback from the run folder's lock."""
+    (tmp_path / "runs").write_text("not a folder")
+    res = run("ppo_continuous", TINY["ppo_continuous"], tmp_path)
+    assert_one_line_error(
+        res, "cannot make runs/Pendulum-v1__ppo_continuous__1__", "start the run in a writable folder"
+    )
+
+
+def test_the_continue_with_command_of_a_torchrun_job_is_a_torchrun_command(monkeypatch):
+    """Before: `python ppo_atari.py ... --resume ...`, which one process cannot resume (the checkpoint holds each
+    process's random state): 'the checkpoint is from 2 processes; resume with as many'."""
+    monkeypatch.setattr(sys, "argv", ["ppo_atari.py", "--env-id", "ALE/Pong-v5", "--resume", "old.pt"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    expected = "torchrun --nproc-per-node=2 ppo_atari.py --env-id ALE/Pong-v5 --resume runs/r/checkpoint.pt"
+    assert run_utils.resume_command("runs/r/checkpoint.pt") == expected
+    monkeypatch.setenv("WORLD_SIZE", "4")  # two nodes of two
+    assert run_utils.resume_command("c.pt").startswith("torchrun --nproc-per-node=2 --nnodes=2 ppo_atari.py ")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_eval_checkpoint_ignores_the_training_sizes(script, finished, tmp_path):
+    """An evaluation plays --eval-episodes games: --num-envs and --total-timesteps that could not train do not stop
+    it. Before, ppo_atari said `--minibatch-size 256 does not divide the total batch 384` or `--total-timesteps must
+    be at least one batch`."""
+    sizes = ["--num-envs", "3", "--total-timesteps", "10"]
+    res = run(
+        script, ["--eval-checkpoint", finished(script) / "checkpoint.pt", "--eval-episodes", "1", *sizes], tmp_path
+    )
+    assert res.returncode == 0 and f"eval {EVAL[script]}: mean return" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flag", ["--resume", "--eval-checkpoint"])
+def test_an_empty_checkpoint_path_is_one_line(script, flag, tmp_path):
+    """`--resume "$CKPT"` with CKPT unset. Before: an empty path counted as none, and a new run (10M steps for
+    ppo_atari) started."""
+    assert_one_line_error(cli(script, [flag, ""], tmp_path), f"{flag} needs the path of a checkpoint.pt")
+
+
+def test_a_checkpoint_cut_short_says_so(finished, tmp_path):
+    """Before: 'cannot read checkpoint ... (OSError); it is not a file a script of this repository wrote', of a file
+    the script had written itself, cut short by a full disk or a copy stopped halfway."""
+    whole = (finished("ppo_continuous") / "checkpoint.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(whole[: len(whole) // 2])
+    res = cli("ppo_continuous", ["--eval-checkpoint", tmp_path / "cut.pt"], tmp_path)
+    assert_one_line_error(res, "cannot read checkpoint", "it is cut short or damaged")
+
+
 class OneFrameGame(gym.Env):
     """A game that ends at its first step and renders a black frame: a video of one game without a renderer."""
 
@@ -271,8 +350,11 @@ def test_sigterm_checkpoint_then_resume_reaches_total(script, tmp_path):
     ckpt = run_utils.read_checkpoint(ckpt_path)
     stopped = ckpt["global_step"]
     assert ckpt["status"] == "stopped" and 0 < stopped < 10000000
-    # the same command with --resume: the flags of how it runs (--track, --save-model, ...) come along
-    resume = ["python", str(ROOT / f"{script}.py"), "--no-progress-bar", *args, "--resume"]
+    # the same command with --resume: the flags of how it runs (--track, --save-model, ...) come along; and this
+    # Python, which a bare `python` is not where the venv is not active (before: always `python`)
+    on_path = shutil.which("python")
+    python = "python" if on_path and os.path.realpath(on_path) == os.path.realpath(sys.executable) else sys.executable
+    resume = [python, str(ROOT / f"{script}.py"), "--no-progress-bar", *args, "--resume"]
     assert f"continue with: {shlex.join(resume)} runs/{ckpt['run_name']}/checkpoint.pt\n" in out, out
     total = stopped + 4 * BATCH[script]
     ckpt["args"]["total_timesteps"] = total  # shorten the run so the test stays fast

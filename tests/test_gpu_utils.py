@@ -347,6 +347,8 @@ def test_thread_budget(monkeypatch):
     assert gpu_utils.thread_budget().threads == 1
     with pytest.raises(ValueError, match="--num-threads"):
         gpu_utils.thread_budget(-1)
+    with pytest.raises(ValueError, match="--num-threads must be 0 .automatic. or 1 to "):  # before: a segfault
+        gpu_utils.thread_budget(100_000)
 
 
 def test_split_cpus_gives_disjoint_groups_covering_the_cpus():
