@@ -154,6 +154,12 @@ class StdoutGuard:
         return getattr(self.stream, name)
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first line for a one-line message, or its type's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """A ValueError or FileNotFoundError raised inside ends the process with one ``error: ...`` line, status 2."""
@@ -181,9 +187,8 @@ def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
     several_gpus = "for several GPUs, run several seeds at once with benchmark/sweep.py"
     checks = {
         f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0 <= args.seed < 2**32,  # numpy's seeding: no other
-        "--resume needs the path of a checkpoint.pt, got an empty one": args.resume != "",
-        "--eval-checkpoint needs the path of a checkpoint.pt or .model file, got an empty one": args.eval_checkpoint
-        != "",
+        "--resume needs a checkpoint's path, got an empty one": args.resume != "",
+        "--eval-checkpoint needs a checkpoint's path, got an empty one": args.eval_checkpoint != "",
         "--resume trains and --eval-checkpoint evaluates: pass one": not (args.resume and args.eval_checkpoint),
         "--eval-checkpoint runs in one process: start it with python, not torchrun": not (
             args.eval_checkpoint and world > 1
@@ -541,9 +546,8 @@ class Run:
                     id=self.wandb_id,
                 )
             try:
-                if not os.access(
-                    self.dir, os.W_OK
-                ):  # else TensorBoard's writer thread fails with a traceback of its own
+                # checked first: else TensorBoard's writer thread fails too, with a traceback of its own
+                if not os.access(self.dir, os.W_OK):
                     raise PermissionError(errno.EACCES, "not writable")
                 self.writer = SummaryWriter(self.dir)
             except OSError as exc:  # a read-only copy of a run, say
@@ -736,9 +740,3 @@ class VideoRecorder:
             path = None
         self.frames = []
         return path
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first line for a one-line message, or its type's name when it has none."""
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -261,7 +261,7 @@ def test_eval_checkpoint_ignores_the_training_sizes(script, finished, tmp_path):
 def test_an_empty_checkpoint_path_is_one_line(script, flag, tmp_path):
     """`--resume "$CKPT"` with CKPT unset. Before: an empty path counted as none, and a new run (10M steps for
     ppo_atari) started."""
-    assert_one_line_error(cli(script, [flag, ""], tmp_path), f"{flag} needs the path of a checkpoint.pt")
+    assert_one_line_error(cli(script, [flag, ""], tmp_path), f"{flag} needs a checkpoint's path, got an empty one")
 
 
 def test_a_checkpoint_cut_short_says_so(finished, tmp_path):
