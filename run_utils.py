@@ -5,6 +5,7 @@ end of a run. Each script keeps its algorithm and calls this in a few visible li
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import errno
@@ -686,17 +687,27 @@ class Run:
 
     def exit(self, diverged: bool, global_step: int) -> None:
         """A diverged run ends with one error line (its checkpoint marked diverged) and exit status 1 in every
-        process; any other returns."""
-        if not diverged:
-            return
-        if self.is_main:
+        process; any other returns. A torchrun process then ends, its output flushed, before the interpreter's
+        teardown: there gloo's threads can abort it ("terminate called without an active exception", once in a CI
+        run of tests/test_ppo_atari.py) after its work is done."""
+        if diverged and self.is_main:
             kept = mark_diverged(self.checkpoint_path)
             print(
                 f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
                 "start again with a lower --learning-rate or --max-grad-norm",
                 file=sys.stderr,
             )
-        sys.exit(1)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # the first of the exit handlers: at the script's very end
+            atexit.register(exit_now, int(diverged))
+        if diverged:
+            sys.exit(1)
+
+
+def exit_now(status: int) -> None:
+    """Flush the output and end the process with ``status``, skipping the rest of the interpreter's teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 # ---------------------------------------------------------------- videos

@@ -51,7 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmark"), os.path.join(ROOT, "dev")]
 import speed  # noqa: E402  (Setting, run_settings, the ceilings and tables: one way to read a rate)
 import speed_dev  # noqa: E402  (the old code's export)
-from speed import UsageError  # noqa: E402  (its Parser turns a bad argument into one: one line, exit 2)
+from speed import UsageError, fmt  # noqa: E402  (its Parser turns a bad argument into one: one line, exit 2)
 
 BEFORE_REF = "7351b50"  # the last commit measured on a GPU (two H100 leases, 2026-11-23)
 BEFORE = os.path.join(ROOT, ".lease", "before")
@@ -293,10 +293,7 @@ def part_learn(o) -> int:
             name = names[0] if names else f"no run folder (exit {proc.returncode})"
             rows.append([f"{env_id} seed {seed}", name, *cells, met])
             done += [figures] if figures[3] is not None else []
-        spread = [
-            f"{speed.fmt(fmean(c), d)} ± {speed.fmt(stdev(c) if len(c) > 1 else 0.0, d)}"
-            for c, d in zip(zip(*done), (0, 0, 0, 1))
-        ]
+        spread = [f"{fmt(fmean(c), d)} ± {fmt(stdev(c) if c[1:] else 0, d)}" for c, d in zip(zip(*done), (0, 0, 0, 1))]
         met = speed.DASH if target is None else "yes" if done and fmean(f[3] for f in done) >= target else "no"
         rows.append([f"{env_id} mean ± std", f"{len(done)} seeds", *(spread or [speed.DASH] * 4), "-", "-", met])
         goal = "none (dry run)" if target is None else f">= {speed.fmt(target, 2)} (CleanRL, v4, 1M steps)"
@@ -421,8 +418,7 @@ def cmd_run(o) -> int:
     me = [sys.executable, os.path.abspath(__file__), "part", "--out", o.out, "--work", work, "--before", o.before]
     me += ["--dry-run"] if o.dry_run else []
     # the dry run collects one test file (the whole suite's collection takes a CPU long, and CI collects it anyway)
-    # -v: each test's name as it ends, so a part cut by its limit shows which test was still running
-    tests = ["-p", "no:cacheprovider", "-v", "-n", "0" if o.dry_run else "12"]
+    tests = ["-p", "no:cacheprovider", "-v", "-n", "0" if o.dry_run else "12"]  # -v: a test its limit cut is named
     tests.append("tests/test_cuda_graph.py" if o.dry_run else "tests")
     profile = "--gpu true --steps 150"
     if o.dry_run:
