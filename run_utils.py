@@ -104,6 +104,14 @@ STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(sign
 """Ctrl-C, kill, timeout and scancel; a closed terminal or ssh session (SIGHUP, not on Windows)."""
 
 
+def on_stop_signals(handler: Callable[[int, object], None]) -> None:
+    """Make ``handler`` answer the STOP_SIGNALS; but a SIGHUP that `nohup` told this process to ignore stays ignored:
+    such a run was asked to outlive its terminal."""
+    for sig in STOP_SIGNALS:
+        if sig in (signal.SIGINT, signal.SIGTERM) or signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
 def stop_in_one_line() -> None:
     """Until a :class:`Run` takes them over, the STOP_SIGNALS and a closed stdout (``| head``) end the process at once
     with one line and status 128 + the signal (SIGPIPE's for stdout): nothing is written before a run starts, nor by
@@ -114,8 +122,7 @@ def stop_in_one_line() -> None:
         print(f"stopped on {why}: nothing was written", file=sys.stderr, flush=True)
         os._exit(128 + signum)  # not sys.exit: an exception cannot cross the C++ frames a signal may arrive in
 
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda signum, frame: stop(signum, signal.Signals(signum).name))
+    on_stop_signals(lambda signum, frame: stop(signum, signal.Signals(signum).name))
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # `| tee run.log` shows each line as it comes, not 8 KB later
     sys.stdout = StdoutGuard(sys.stdout, lambda: stop(signal.SIGPIPE, "a closed stdout"))
@@ -521,8 +528,7 @@ class Run:
         self.is_main = is_main
         self.print_every = print_every  # iterations between progress lines when there is no progress bar
         self.stop: list[str] = []  # the signal that asked to stop
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_stop_signal)
+        on_stop_signals(self._on_stop_signal)
         if isinstance(sys.stdout, StdoutGuard):  # a closed stdout stops the run as a signal does; the list's method,
             # not a lambda holding the Run: sys.stdout outlives the objects it would keep, nanobind reports them at exit
             sys.stdout.on_close = functools.partial(self.stop.append, "a closed stdout")

@@ -5,6 +5,7 @@ it. One tiny CPU run per script (module-scoped) serves every test. A command lin
 input, nothing to do) runs in this process (helpers.run_in_process), each script's once in a fresh interpreter too.
 Script-specific checks stay in each script's file."""
 
+import functools
 import glob
 import math
 import os
@@ -212,6 +213,25 @@ def test_a_closed_terminal_stops_a_run_with_its_checkpoint_and_each_stop_is_said
     assert "stopping on SIGHUP: checkpoint at step " in out, out[-2000:]
     (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     assert run_utils.read_checkpoint(checkpoint)["status"] == "stopped"
+
+
+def test_a_run_started_with_nohup_outlives_its_terminal(tmp_path):
+    """`nohup python ppo_continuous.py ... &`: the SIGHUP it was told to ignore stays ignored (the run goes on), while
+    SIGTERM still stops it with its checkpoint."""
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--no-progress-bar", *TINY["ppo_continuous"][:-1], "25600"]
+    nohup = functools.partial(signal.signal, signal.SIGHUP, signal.SIG_IGN)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=nohup)
+    seen = []
+    for line in proc.stdout:
+        seen += [line] if line.startswith("iteration ") else []
+        if len(seen) == 1:
+            proc.send_signal(signal.SIGHUP)
+        if len(seen) == 3:  # two iterations after the SIGHUP: it goes on
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0 and "stopping on SIGTERM" in out and "SIGHUP" not in out, out[-2000:]
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
