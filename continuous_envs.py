@@ -20,6 +20,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+import gpu_utils
+
 _WARNED: set[str] = set()  # the MuJoCo warnings this process has printed
 
 
@@ -46,7 +48,7 @@ class RecordVideo(gym.wrappers.RecordVideo):
         try:
             super().stop_recording()
         except (OSError, RuntimeError) as exc:
-            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            reason = gpu_utils.first_line(exc)
             print(f"warning: video {self._video_name}.mp4 not written ({reason}); the run goes on", file=sys.stderr)
             self.recorded_frames = []
             self.recording = False
@@ -69,7 +71,7 @@ def action_space(env_id: str, video: bool = False) -> gym.Space:
                 env.render()
             return env.action_space
     except Exception as exc:  # noqa: BLE001 - gymnasium's DependencyNotInstalled, MuJoCo's GL errors, ...
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        reason = gpu_utils.first_line(exc)
         reason += f", with MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
         if video:
             raise ValueError(f"--capture-video: {env_id} cannot render here ({reason}); drop --capture-video") from None

@@ -25,6 +25,12 @@ class BatchSizeError(ValueError):
     """A batch size that does not divide the total batch; the message lists valid sizes near the request."""
 
 
+def first_line(exc: BaseException, width: int = 200) -> str:
+    """An exception's first line, at most ``width`` characters, for a one-line message; its type's name without one."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:width] if text else type(exc).__name__
+
+
 def rotate(session: int, cuda_offset: int, device_count: int) -> int:
     """Return the GPU index for run number ``session``: ``(cuda_offset + session) % device_count``.
 

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import itertools
 import os
 import random
 import shlex
@@ -160,12 +159,6 @@ class StdoutGuard:
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first line for a one-line message, or its type's name when it has none."""
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 @contextlib.contextmanager
@@ -319,8 +312,8 @@ def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable or unsafe file gets the same one-line answer
         raise CheckpointError(
-            f"cannot read checkpoint {path!r} ({type(exc).__name__}: {first_line(exc)}); it is cut short or damaged, "
-            "not a file a script of this repository wrote, or it holds more than data"
+            f"cannot read checkpoint {path!r} ({type(exc).__name__}: {gpu_utils.first_line(exc)}); it is cut short or "
+            "damaged, not a file a script of this repository wrote, or it holds more than data"
         ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
         raise CheckpointError(f"{path!r} is not a {script} checkpoint (no model/args); use one a script wrote")
@@ -380,7 +373,7 @@ def save_checkpoint(path: str | os.PathLike, **state) -> None:
         torch.save(state, tmp)
     except (OSError, RuntimeError) as exc:  # torch reports a failed write as a RuntimeError of its C++ stream
         Path(tmp).unlink(missing_ok=True)
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        reason = gpu_utils.first_line(exc, 120)
         kept = "the previous one is kept" if os.path.exists(path) else "none was written"
         raise OSError(f"cannot write {path} ({reason}; is the disk full?); {kept}") from None
     os.replace(tmp, path)
@@ -398,7 +391,7 @@ def load_states(modules: dict, ckpt: dict, path: str) -> None:
                 kept = ("lr", "capturable", "fused", "foreach", "differentiable")
                 group.update({name: mine[name] for name in kept if name in mine})
     except (RuntimeError, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0][:120]
+        reason = gpu_utils.first_line(exc, 120)
         print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
         sys.exit(2)
 
@@ -428,7 +421,7 @@ def mark_diverged(path: str) -> str:
     try:
         save_checkpoint(path, **(read_checkpoint(path) | dict(status="diverged")))
     except (OSError, ValueError) as exc:
-        return f"{path} could not be marked diverged ({str(exc).splitlines()[0][:120]})"
+        return f"{path} could not be marked diverged ({gpu_utils.first_line(exc, 120)})"
     return f"{path} keeps the last finite ones"
 
 
@@ -437,17 +430,17 @@ def new_run_dir(name: str) -> str:
     """Make a new run's folder, runs/``name``, and return its name. A run started in the same second with the same env,
     exp_name and seed has taken it: then the next free second's name, so no run writes into another's folder."""
     prefix, stamp = name.rsplit("__", 1)
+    second = int(stamp)
     try:
         os.makedirs("runs", exist_ok=True)
-        for second in itertools.count(int(stamp)):
-            try:
+        while True:
+            try:  # made or refused at once: two runs starting together cannot both take one name
                 os.mkdir(os.path.join("runs", f"{prefix}__{second}"))
                 return f"{prefix}__{second}"
             except FileExistsError:
-                continue
+                second += 1
     except OSError as exc:  # a read-only folder, a file named runs
         raise ValueError(f"cannot make runs/{name} here ({exc.strerror}); start the run in a writable folder") from None
-    raise AssertionError("unreachable")
 
 
 def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
@@ -753,7 +746,7 @@ class VideoRecorder:
 
             ImageSequenceClip(self.frames, fps=self.fps).write_videofile(path, logger=None)
         except (OSError, RuntimeError) as exc:
-            print(f"warning: video {path} not written ({first_line(exc)}); the run goes on", file=sys.stderr)
+            print(f"warning: video {path} not written ({gpu_utils.first_line(exc)}); the run goes on", file=sys.stderr)
             path = None
         self.frames = []
         return path

@@ -44,11 +44,22 @@ EVAL = {  # the eval line's environment name after the run above
 SCRIPTS = list(TINY)
 
 
-def run(script, args, cwd, timeout=240):
+def script_env() -> dict:
+    """A script's environment here: W&B offline, one thread, this checkout importable."""
     env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run(script, args, cwd, timeout=240):
     cmd = [sys.executable, str(ROOT / f"{script}.py"), "--no-progress-bar", *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def start(script, args, cwd, **popen) -> subprocess.Popen:
+    """``run``'s command as a process to signal or read while it runs: its stdout a text pipe, ``popen`` passed on."""
+    cmd = [sys.executable, str(ROOT / f"{script}.py"), "--no-progress-bar", *map(str, args)]
+    return subprocess.Popen(cmd, cwd=cwd, env=script_env(), stdout=subprocess.PIPE, text=True, **popen)
 
 
 def cli(script, args, cwd):
@@ -181,10 +192,8 @@ def test_a_run_whose_stdout_closes_stops_with_its_checkpoint(tmp_path):
     """`python ppo_continuous.py ... | head`: the run's output comes line by line, and once its reader has gone the
     run stops as on a signal, with its checkpoint and the command that continues it on stderr. Before: output in 8 KB
     blocks, then a BrokenPipeError traceback from a print mid-run, and no checkpoint. One script: run_utils's."""
-    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     args = [*TINY["ppo_continuous"][:-1], "25600"]  # 400 iterations: far more than it makes before the reader goes
-    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--no-progress-bar", *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start("ppo_continuous", args, tmp_path, stderr=subprocess.PIPE)
     for line in proc.stdout:
         if line.startswith("iteration 1/"):
             break
@@ -199,10 +208,7 @@ def test_a_run_whose_stdout_closes_stops_with_its_checkpoint(tmp_path):
 def test_a_closed_terminal_stops_a_run_with_its_checkpoint_and_each_stop_is_said_at_once(tmp_path):
     """SIGHUP (the terminal or ssh session closed) stops a run as Ctrl-C does, and the first stop signal is answered at
     once on stderr, not only when the iteration ends. Before: SIGHUP killed the run with no checkpoint."""
-    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    args = [*TINY["ppo_continuous"][:-1], "25600"]
-    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--no-progress-bar", *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start("ppo_continuous", [*TINY["ppo_continuous"][:-1], "25600"], tmp_path, stderr=subprocess.PIPE)
     for line in proc.stdout:
         if line.startswith("iteration 1/"):
             proc.send_signal(signal.SIGHUP)
@@ -218,10 +224,8 @@ def test_a_closed_terminal_stops_a_run_with_its_checkpoint_and_each_stop_is_said
 def test_a_run_started_with_nohup_outlives_its_terminal(tmp_path):
     """`nohup python ppo_continuous.py ... &`: the SIGHUP it was told to ignore stays ignored (the run goes on), while
     SIGTERM still stops it with its checkpoint."""
-    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--no-progress-bar", *TINY["ppo_continuous"][:-1], "25600"]
     nohup = functools.partial(signal.signal, signal.SIGHUP, signal.SIG_IGN)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=nohup)
+    proc = start("ppo_continuous", [*TINY["ppo_continuous"][:-1], "25600"], tmp_path, preexec_fn=nohup)
     seen = []
     for line in proc.stdout:
         seen += [line] if line.startswith("iteration ") else []
@@ -496,10 +500,8 @@ LAST_ITERATION_UPDATE = {"ppo_atari": 3, "ppo_continuous": 7, "dqn_snake_vec": 4
 
 def run_with(prefix, script, args, cwd):
     """``run`` with interpreter arguments before the script's path (helpers.at_update_prefix)."""
-    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, *prefix, str(ROOT / f"{script}.py"), "--no-progress-bar", *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run(cmd, cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=240)
 
 
 def test_track_mirrors_to_wandb_and_a_resume_continues_the_same_wandb_run(tmp_path):
