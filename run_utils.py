@@ -688,7 +688,11 @@ class Run:
         """A diverged run ends with one error line (its checkpoint marked diverged) and exit status 1 in every
         process; any other returns. A torchrun process then ends, its output flushed, before the interpreter's
         teardown: there gloo's threads can abort it ("terminate called without an active exception", once in a CI
-        run of tests/test_ppo_atari.py) after its work is done."""
+        run of tests/test_ppo_atari.py) after its work is done. From here a stop signal is ignored: nothing is left
+        to stop, and in the teardown (0.7 s here), where Python puts back the default handlers, a SIGTERM killed the
+        finished run (status 143, which a sweep reads as a run stopped before its first checkpoint)."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         if diverged and self.is_main:
             kept = mark_diverged(self.checkpoint_path)
             print(

@@ -319,11 +319,12 @@ class Stopper:
             proc.terminate()
 
 
-def outcome(rc: int, stopping: bool, resumed: str | None) -> tuple[str, str]:
-    """(ok, failed or stopped; why) of a run that exited with ``rc``. A SIGTERM that comes while the script still
-    imports (before its handler exists) kills it with 143 and no new checkpoint: stopped, not failed."""
+def outcome(rc: int, stopping: bool, resumed: str | None, finished: bool) -> tuple[str, str]:
+    """(ok, failed or stopped; why) of a run that exited with ``rc``, its newest checkpoint ``finished`` or not (a run
+    that ended as the sweep stopped). A SIGTERM that comes while the script still imports (before its handler exists)
+    kills it with 143 and no new checkpoint: stopped, not failed."""
     rc = 128 - rc if rc < 0 else rc
-    if stopping and rc == 0:
+    if stopping and rc == 0 and not finished:
         return "stopped", "its checkpoint is written; --resume-existing continues it"
     if stopping and rc == SIGTERM_RC:
         then = f"{resumed} is as it was" if resumed else "--resume-existing starts it afresh"
@@ -361,7 +362,9 @@ def run_local(
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is not None:
                 resumed = flag_value(commands[slot.run], "--resume")
-                results[slot.run] = outcome(slot.proc.returncode, stopper.stopping, resumed)
+                rid = runs[slot.run].run_id  # did it end as the stop came? its newest checkpoint says
+                finished = stopper.stopping and decide_resume(REPO_ROOT + "/runs", rid).note.startswith("finished")
+                results[slot.run] = outcome(slot.proc.returncode, stopper.stopping, resumed, finished)
                 status, why = results[slot.run]
                 say(f"[sweep] {status} [run {slot.run}] {runs[slot.run].label}: {why}")
                 slot.proc = None

@@ -14,9 +14,13 @@ import subprocess
 import sys
 import time
 
-# dqn_snake_vec.py on 8 games taking env steps only (learning would start after the end): 100 iterations, a few
-# seconds, with a checkpoint every 10, far longer than a SIGTERM takes to arrive (the sweep and SLURM stop tests)
-SNAKE_LONGER = "--total-timesteps 800 --learning-starts 100000000 --buffer-size 800 --checkpoint-every 10".split()
+# dqn_snake_vec.py on 8 games taking env steps only (learning would start after the end), with a checkpoint every 10
+# iterations: the sweep and SLURM stop tests signal it once its first checkpoint is written. 5,000 iterations take
+# about 5 s on one core, far longer than a SIGTERM or scancel takes to arrive; 100 iterations (0.9 s) were not: on a
+# fast machine the run ended first, or was ending when the signal killed it (CI, 2026-11-27)
+SNAKE_LONGER_STEPS = 40_000
+SNAKE_LONGER = f"--total-timesteps {SNAKE_LONGER_STEPS} --learning-starts 100000000 --buffer-size 800".split()
+SNAKE_LONGER += ["--checkpoint-every", "10"]
 
 INJECT = """
 import runpy, sys, torch

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -236,6 +237,23 @@ def test_a_run_started_with_nohup_outlives_its_terminal(tmp_path):
             break
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0 and "stopping on SIGTERM" in out and "SIGHUP" not in out, out[-2000:]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_stop_after_the_end_of_a_run_leaves_it_finished(script, tmp_path):
+    """A SIGTERM that comes after the done line (a sweep stopped as the run ended) is ignored: the run's work is done.
+    Before: in the interpreter's teardown (0.7 s here) it killed the finished run, status -15, which a sweep reported
+    as a run stopped before its first checkpoint (a CI failure of tests/test_sweeps.py, 2026-11-27)."""
+    proc = start(script, TINY[script], tmp_path, stderr=subprocess.PIPE)
+    for line in proc.stdout:
+        if line.startswith("done: "):
+            time.sleep(0.05)  # into the teardown
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopping" not in err, err[-2000:]
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    assert run_utils.read_checkpoint(checkpoint)["status"] == "finished"
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):

@@ -237,6 +237,11 @@ def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, m
     assert limits == {"tests": 45, "ab": 100}  # ab keeps its 100 s
     clock[0] = 0
     limits.clear()
+    nothing = ["--before", str(tmp_path / "none")]  # only ab needs the old code (before: every part did)
+    assert gpu_lease.main([*args[:3], *nothing, "--parts", "tests"]) == 1 and limits == {"tests": 170}
+    assert gpu_lease.main([*args[:3], *nothing, "--parts", "tests", "ab"]) == 2
+    clock[0] = 0
+    limits.clear()
     assert gpu_lease.main([*args[:-1], "340", "--parts", "learn", "--env-id", "Hopper-v5"]) == 1  # CONTRIBUTING.md's
     assert limits == {"learn": 335} and argvs["learn"][-4:] == ["--env-id", "Hopper-v5", "--seconds", "320"]
     assert min(gpu_lease.LEARN_S, 320 - gpu_lease.LEARN_MARGIN_S) == 300  # each seed's 5 minutes

@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from helpers import SNAKE_LONGER, wait_for
+from helpers import SNAKE_LONGER, SNAKE_LONGER_STEPS, wait_for
 
 import run_utils
 
@@ -249,7 +249,7 @@ def test_scancel_then_resume_existing(cluster, repo):
     logs = repo / "logs" / "stop"
     job = submit(repo, cluster, "dqn_snake.sh", *args)
     log1 = logs / "001_Snake5x5_n=8_seed=2.log"
-    # the first periodic checkpoint (after 10 of 100 iterations) shows the run is going
+    # the first periodic checkpoint (after 10 of 5,000 iterations) shows the run is going
     first = repo / "runs"
     wait_for(
         lambda: list(first.glob("Snake5x5__dqn_snake_vec_n8__2__*/checkpoint.pt")), 240, "seed 2's first checkpoint"
@@ -261,7 +261,7 @@ def test_scancel_then_resume_existing(cluster, repo):
     assert "stopping on SIGTERM" in log1.read_text() and "its checkpoint is written" in slurm_out(logs, 1)
     (run_dir,) = run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__2")
     stopped = checkpoint(run_dir)
-    assert stopped["status"] == "stopped" and 0 < stopped["global_step"] < 800
+    assert stopped["status"] == "stopped" and 0 < stopped["global_step"] < SNAKE_LONGER_STEPS
     assert not (logs / "002_Snake5x5_n=8_seed=3.log").exists()  # was still pending: never started
     assert not run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__3")
 
@@ -270,13 +270,12 @@ def test_scancel_then_resume_existing(cluster, repo):
     assert slurm_out(logs, 0).count("[sweep] skip [run 0] Snake5x5 n=8 seed=1: finished") == 2
     assert run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__1") == [done_dir]
     assert run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__2") == [run_dir]  # continued in its run dir
-    assert f"[sweep] resume [run 0] Snake5x5 n=8 seed=2: stopped at step {stopped['global_step']:,} of 800" in (
-        slurm_out(logs, 1)
-    )
+    resumed = f"stopped at step {stopped['global_step']:,} of {SNAKE_LONGER_STEPS:,}"
+    assert f"[sweep] resume [run 0] Snake5x5 n=8 seed=2: {resumed}" in slurm_out(logs, 1)
     text = log1.read_text()
     assert re.search(rf"resumed \S*{run_dir.name}\S* at step {stopped['global_step']}\b", text), text
     final = checkpoint(run_dir)
-    assert final["status"] == "finished" and final["global_step"] == 800
+    assert final["status"] == "finished" and final["global_step"] == SNAKE_LONGER_STEPS
     (new_dir,) = run_dirs(repo, "Snake5x5__dqn_snake_vec_n8__3")
     assert checkpoint(new_dir)["status"] == "finished"
 

@@ -14,7 +14,7 @@ import sys
 import typing
 
 import pytest
-from helpers import SNAKE_LONGER, save_checkpoint_with_code, wait_for
+from helpers import SNAKE_LONGER, SNAKE_LONGER_STEPS, save_checkpoint_with_code, wait_for
 
 torch = pytest.importorskip("torch")
 
@@ -417,7 +417,7 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
     assert "its checkpoint is written" in summary and "--resume-existing continues" in summary
     (run_dir,) = repo.glob("runs/Snake5x5__dqn_snake_vec_n8__2__*")
     stopped = run_utils.read_checkpoint(run_dir / "checkpoint.pt")
-    assert stopped["status"] == "stopped" and 0 < stopped["global_step"] < 800
+    assert stopped["status"] == "stopped" and 0 < stopped["global_step"] < SNAKE_LONGER_STEPS
     res = subprocess.run(
         [*args, "logs2", "--", *SNAKE_LONGER], cwd=repo, env=env, capture_output=True, text=True, timeout=300
     )
@@ -448,6 +448,31 @@ def test_a_stop_while_a_run_starts_is_not_a_failure(tmp_path):
     summary = (tmp_path / "summary.txt").read_text()
     assert proc.returncode == 130 and "0 ok, 0 failed, 1 stopped" in summary, out
     assert ": before its first checkpoint; --resume-existing starts it afresh" in summary
+
+
+ENDING = """# a run that finished as the sweep stopped: its checkpoint says finished, and it exits 0
+trap 'kill $!; exit 0' TERM
+echo "started" >> "$FAKE_LOG"
+sleep 60 & wait
+"""
+
+
+def test_a_run_that_finished_as_the_sweep_stopped_is_ok(tmp_path):
+    """Before: every run that exited 0 after the stop was reported stopped, "its checkpoint is written;
+    --resume-existing continues it", though --resume-existing would skip it as finished."""
+    repo = mini_repo(tmp_path / "repo")
+    fake_checkpoint(repo, "Snake5x5__dqn_snake_vec_n8__1", "finished", 800, 800)
+    log = tmp_path / "fake.log"
+    args = ["bash", "benchmark/dqn_snake.sh", *SNAKE, "--seeds", "1", "--log-dir", "logs"]
+    env = sweep_env(NUM_GPUS="0", PYTHON=str(fake_python(tmp_path, ENDING)), FAKE_LOG=str(log))
+    proc = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(log.exists, 60, "the run to start")
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "ok [run 0] Snake5x5 n=8 seed=1: exit code 0" in out, out
 
 
 # ---------------------------------------------------------------- SLURM: the job array's script, run here
