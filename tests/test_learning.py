@@ -50,9 +50,7 @@ def train(script, args, cwd, tag, reached):
             proc.kill()  # nothing once it has exited
         log.seek(0)
         text = log.read()
-    # a signal that came after the run's own end (its last log reached the bar) finds it exiting, all saved
-    ended = returncode == 0 or (returncode == -signal.SIGTERM and "\ndone: step " in text)
-    assert ended, text[-4000:]
+    assert returncode == 0, text[-4000:]  # also for a signal that came after the run's end: it ignores it
     return curves_of(cwd)
 
 
