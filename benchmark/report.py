@@ -140,7 +140,8 @@ def load_run(path: str) -> Run | None:
         return None
     run = Run(path, name, *parsed[:3])
     files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.startswith("events.out.tfevents"))
-    parts = [(scalars, texts) for scalars, texts in map(read_event_file, files) if scalars]  # not one that died at once
+    read = [read_event_file(file) for file in files]
+    parts = [(scalars, texts) for scalars, texts in read if scalars]  # not one that died at once
     events = [[e for tag_events in scalars.values() for e in tag_events] for scalars, _ in parts]
     # a resumed process starts at its checkpoint's step: steps give the order, clocks only break ties
     order = sorted(range(len(parts)), key=lambda i: min((e[0], e[1]) for e in events[i]))
@@ -166,6 +167,7 @@ def load_run(path: str) -> Run | None:
         for tag in STAT_TAGS.keys() & kept.keys():
             stats.setdefault(tag, []).extend((e[0], e[2]) for e in kept[tag])
         run.segments.append(seg)
+    for _, texts in read:  # also one that died at once: its budget puts it in its group's row
         hparams = parse_hparams(texts.get("hyperparameters", ""))
         if hparams.get("total_timesteps", "").isdecimal():
             run.total_timesteps = int(hparams["total_timesteps"])
@@ -270,7 +272,8 @@ def device_cells(runs: list[Run]) -> tuple[str, str]:
 
 def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, now: float, recent: float):
     rows = []
-    for (exp, env), members in itertools.groupby(runs, lambda r: (r.exp, r.env)):  # runs sorted by script and env
+    # a row per script, env and budget (runs sorted so): a 1M run's return is not a 10M run's
+    for (exp, env, total), members in itertools.groupby(runs, lambda r: (r.exp, r.env, r.total_timesteps)):
         group = list(members)
         finals = [f for f in (r.final_return(last_n) for r in group) if f is not None]
         ret = fmt(float(np.mean(finals)), 1) if finals else DASH
@@ -279,7 +282,7 @@ def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, 
         if len(finals) < len(group):
             ret += f" ({len(finals)}/{len(group)} runs with episodes)"
         lo, hi = min(r.last_step for r in group), max(r.last_step for r in group)
-        steps = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+        steps = (f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}") + (f" of {total:,}" if total else "")
         wall = fmt_time(float(np.mean([r.wall_time for r in group])))
         ref = "; ".join(f"{r.score} ({r.source}{'' if r.ours else ', ' + r.their_env})" for r in refs.get(env, []))
         states = ", ".join(sorted({r.status(now, recent) for r in group}))
@@ -439,15 +442,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SweepError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
     folders = sorted(d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files))
     loaded = {d: load_run(d) for d in folders}
-    runs = sorted((run for run in loaded.values() if run), key=lambda r: (r.exp, r.env, r.seed, r.name))
+    runs = sorted(
+        (r for r in loaded.values() if r), key=lambda r: (r.exp, r.env, r.total_timesteps or 0, r.seed, r.name)
+    )
     if not runs:
         raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
     os.makedirs(a.out, exist_ok=True)
     now = time.time()
     # a seed per script and env: the run that got furthest (a seed restarted after a stop before its first checkpoint
     # left an earlier folder); the per-run table lists them all
-    furthest = {(r.exp, r.env, r.seed): r for r in sorted(runs, key=lambda r: (r.last_step, r.name))}
-    seeds = [r for r in runs if furthest[r.exp, r.env, r.seed] is r]
+    furthest = {(r.exp, r.env, r.total_timesteps, r.seed): r for r in sorted(runs, key=lambda r: (r.last_step, r.name))}
+    seeds = [r for r in runs if furthest[r.exp, r.env, r.total_timesteps, r.seed] is r]
     tables = [*group_table(seeds, refs, a.last_n, now, a.running_window), ""]
     if len(seeds) < len(runs):
         tables += [

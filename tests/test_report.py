@@ -129,7 +129,7 @@ def test_report_group_numbers(report):
     # script, env, seeds, return, steps, wall, SPS, device, reference, status
     assert row[2] == "2"
     assert row[3] == "104.5 ± 7.1"
-    assert row[4] == "15,000"
+    assert row[4] == "15,000 of 15,000"
     assert row[5] == "2m32s"  # 150 returns + 3 SPS events one second apart: 152 s
     assert row[6] == "250"  # mean over seeds of the median SPS (200 and 300)
     assert row[7] == "not logged"  # no "device" text and no GPU samples in these event files
@@ -143,12 +143,12 @@ def test_report_in_progress_and_no_episodes(report):
     text = (out / "report.md").read_text()
     pong = table_row(text, "ppo_atari", "ALE_Pong-v5")
     assert pong[3] == f"{(-21 * 10 - 20 * 20) / 30:,.1f}"  # fewer than 100 episodes: mean of all 30
-    assert pong[4] == "5,000"
+    assert pong[4] == "5,000 of 100,000"
     assert pong[9] == "running (5%)"
     assert pong[8] == "-"
     cheetah = table_row(text, "ppo_continuous_heavy", "HalfCheetah-v5")
     assert cheetah[3].startswith("- (0/1 runs")
-    assert cheetah[4] == "16,384"
+    assert cheetah[4] == "16,384 of 1,000,000"
     assert cheetah[6] == "1,234"
     assert cheetah[8] == "1442.6 (test cleanrl, HalfCheetah-v4)"
     per_run = table_row(text, "HalfCheetah-v5__ppo_continuous_heavy__1__1700000003")
@@ -296,7 +296,7 @@ def test_report_stale_runs_without_a_usable_checkpoint_or_events(tmp_path):
     first = table_row(res.stdout, "ALE_Pong-v5__ppo_atari__1__1700000000")[-1]
     assert first == "stale at 20%: no event for 2h00m (crashed or killed?)"
     second = table_row(res.stdout, "ALE_Pong-v5__ppo_atari__2__1700000000")[-1]
-    assert second == "stale at step 0: no event for 2h00m (crashed or killed?)"
+    assert second == "stale at 0%: no event for 2h00m (crashed or killed?)"  # its budget from its text
 
 
 def test_report_shows_a_live_run_as_running(tmp_path):
@@ -367,7 +367,7 @@ def test_report_joins_a_run_resumed_on_other_machines(tmp_path):
     text = (tmp_path / "out" / "report.md").read_text()
     row = table_row(text, "ppo_atari", "ALE_Breakout-v5")
     assert row[3] == f"{(10 * 1 + 2 * 100 + 8 * 2) / 20:.1f}"  # 20 kept games; the 3 lost ones are not counted
-    assert row[4] == "2,000"
+    assert row[4] == "2,000 of 4,000"
     assert row[5] == "3m20s"  # 100 s + 20 s kept + 80 s, not the hours between the processes
     assert row[6:8] == ["1,000 / 65", f"GPU (name not logged) / {cpu}"]  # median per device: CPU [80, 50]
     assert row[9] == "stopped (50%)"
@@ -464,6 +464,20 @@ def test_report_counts_a_restarted_seed_once(tmp_path):
     assert row[2] == "2" and row[3] == "150.0 ± 70.7" and row[4] == "2,000", row
     assert "1 run folders repeat a seed of their group, which counts its furthest run" in res.stdout
     assert "| Hopper-v5__ppo_continuous__1__1000 |" in res.stdout  # still in the per-run table
+
+
+def test_report_puts_each_budget_in_a_row_of_its_own(tmp_path):
+    """Before: a 1,000-step and a 2,000-step run of one env shared a row, one mean over both, "steps 1,000–2,000".
+    A folder of the same seed and budget that died before its first scalar still counts in its row's seed."""
+    runs = tmp_path / "runs"
+    write_run(runs, "Hopper-v5__ppo_continuous__1__1000", returns=[10.0] * 10, total=1000)
+    write_run(runs, "Hopper-v5__ppo_continuous__2__1000", returns=[30.0] * 20, total=2000)
+    write_run(runs, "Hopper-v5__ppo_continuous__2__900", total=2000)  # its hyperparameters text only
+    res = run_report(runs, "--out", tmp_path / "out", "--refs", "", "--last-n", 10, "--no-plots")
+    assert res.returncode == 0, res.stderr
+    short, long = table_row(res.stdout, "Hopper-v5", "10.0"), table_row(res.stdout, "Hopper-v5", "30.0")
+    assert short[3:5] == ["10.0", "1,000 of 1,000"] and long[3:5] == ["30.0", "2,000 of 2,000"]
+    assert "1 run folders repeat a seed of their group" in res.stdout
 
 
 def test_report_weighs_window_means_by_their_games(tmp_path):

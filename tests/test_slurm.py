@@ -211,9 +211,9 @@ def test_sweeps_run_on_slurm_and_report_reads_them(cluster, repo):
     assert res.returncode == 0, res.stderr
     table = (repo / "report" / "report.md").read_text()
     for exp, env, steps in [
-        ("ppo_atari", "ALE_Pong-v5", "128"),
-        ("ppo_atari", "ALE_Breakout-v5", "128"),
-        ("dqn_snake_vec_n8", "Snake6x6", "256"),
+        ("ppo_atari", "ALE_Pong-v5", "128 of 128"),
+        ("ppo_atari", "ALE_Breakout-v5", "128 of 128"),
+        ("dqn_snake_vec_n8", "Snake6x6", "256 of 256"),
     ]:
         rows = [line for line in table.splitlines() if f"| {exp} | {env} |" in line]
         assert len(rows) == 1, table
