@@ -409,6 +409,8 @@ if __name__ == "__main__":
     # ---------------- training loop: one iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
     learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
+    if learning_starts_iteration >= num_iterations:  # on purpose in the tests' and speed tools' env-only runs
+        print(f"note: learning starts at step {learning_starts_iteration * n:,}, after the run's end: it only acts")
     exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
     # info key -> chart of the per-episode means logged; ep_stats: episodes finished, then their sums
     episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")

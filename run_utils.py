@@ -557,6 +557,8 @@ class Run:
             table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
             self.writer.add_text("device", gpu_utils.device_label(device), start_step)  # a resumed run may move
+        if is_main and total_steps < args.total_timesteps:  # as CleanRL's scripts do, but said
+            print(f"note: {total_steps:,} steps: --total-timesteps rounded down to whole iterations")
         show = args.progress_bar and is_main
         self.pbar = tqdm(total=total_steps, initial=start_step, disable=not show, unit_scale=True)
         self.monitor = gpu_utils.GPUMonitor(device).start()

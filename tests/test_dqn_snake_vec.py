@@ -737,3 +737,16 @@ def test_games_resume_on_another_device_type_with_new_random_games():
     again = VecSnake(8, 6, 6, seed=2)
     again.load_state_dict(state)
     assert torch.equal(again.gen.get_state(), moved.gen.get_state())  # the new draws follow from the checkpoint
+
+
+def test_a_run_says_when_it_rounds_its_total_and_when_it_will_not_learn(tmp_path):
+    """Before: --total-timesteps 100 on 8 games made 96 steps, and a --learning-starts past the end made a run that
+    never learned, both without a word (the rounding line comes from run_utils.Run: every script's)."""
+    res = run(
+        ["--height", 5, "--width", 5, "--num-envs", 8, "--total-timesteps", 100, "--learning-starts", 1000], tmp_path
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "note: 96 steps: --total-timesteps rounded down to whole iterations" in res.stdout
+    assert "note: learning starts at step 1,000, after the run's end: it only acts" in res.stdout
+    res = run(["--height", 5, "--width", 5, "--num-envs", 8, "--total-timesteps", 96, "--learning-starts", 8], tmp_path)
+    assert res.returncode == 0 and "note:" not in res.stdout, res.stdout[-2000:]
