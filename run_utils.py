@@ -315,8 +315,11 @@ def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
             f"cannot read checkpoint {path!r} ({type(exc).__name__}: {gpu_utils.first_line(exc)}); it is cut short or "
             "damaged, not a file a script of this repository wrote, or it holds more than data"
         ) from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "args" not in ckpt:
-        raise CheckpointError(f"{path!r} is not a {script} checkpoint (no model/args); use one a script wrote")
+    shape = isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict) and isinstance(ckpt.get("args"), dict)
+    if not shape or not isinstance(ckpt.get("global_step", 0), int):  # what every reader takes for granted
+        raise CheckpointError(
+            f"{path!r} is not a {script} checkpoint (its model, args or step); use one a script wrote"
+        )
     return ckpt
 
 

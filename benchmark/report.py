@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sweep import Parser, SweepError, count, one_line_errors, parse_run_name  # one-line errors; run names
+from sweep import Parser, SweepError, count, make_dir, one_line_errors, parse_run_name  # one-line errors; run names
 
 import run_utils  # in the repository root, which importing sweep puts on sys.path
 
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not runs:
         raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
-    os.makedirs(a.out, exist_ok=True)
+    make_dir(a.out, "--out")
     now = time.time()
     # a seed per script and env: the run that got furthest (a seed restarted after a stop before its first checkpoint
     # left an earlier folder); the per-run table lists them all

@@ -476,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     if passthrough and a.mode != "run":
         raise UsageError("arguments after -- are for `run` only")
+    if getattr(a, "out", None):  # now, not after the measuring
+        sweep.make_dir(a.out, "--out")
     gpu = torch.cuda.is_available() if getattr(a, "profile", None) is None else a.profile == "gpu"
     defaults = {"profile": "gpu" if gpu else "cpu", "seconds": 2 if gpu else 5, "budget_minutes": 8 if gpu else 0}
     defaults |= {"atari_envs": [16, 64, 128] if gpu else [16, 64], "async_envs": [16] if gpu else []}

@@ -52,6 +52,15 @@ class SweepError(ValueError):
     """Bad input: one line that says what to change (printed as ``error: ...``, exit 2)."""
 
 
+def make_dir(path: str, flag: str) -> str:
+    """``path``, made if it is missing; one that cannot be a folder (a file's name, say) is an error naming ``flag``."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise SweepError(f"{flag} {path}: cannot make this folder ({exc.strerror}); pass another") from None
+    return path
+
+
 def check_words(words: Sequence[str], where: str = "") -> None:
     """What a user gives reaches command lines, logs and sbatch scripts, where a control character such as a newline
     would start a command: refused, naming its flag. A list (--games ...) may hold newlines between its items."""
@@ -442,7 +451,7 @@ def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: ar
     for i, (run, entry) in enumerate(zip(runs, entries)):
         say(f"[task {i}] {run.label}: {shlex.join(entry['args'])}")
     if not a.dry_run:
-        os.makedirs(log_dir, exist_ok=True)
+        make_dir(log_dir, "--log-dir")
         Path(spec_path).write_text(json.dumps({**spec, "runs": entries}, indent=1))
     script = sbatch_script(grid, len(runs), log_dir, a, task, note)
     submit(script, os.path.join(log_dir, f"{grid}.sbatch"), a.sbatch_args, a.dry_run)
@@ -578,7 +587,7 @@ def sweep_main(grid: str, argv: list[str]) -> int:
     say(f"[sweep] {grid}: {len(runs)} runs from {REPO_ROOT} on {', '.join(sorted({s.device for s in slots}))}")
     commands, results = plan(runs, python, tail, a.resume_existing)
     if not a.dry_run:
-        os.makedirs(log_dir, exist_ok=True)
+        make_dir(log_dir, "--log-dir")
         say(f"[sweep] logs in {log_dir}")
         logs = [os.path.join(log_dir, log_name(i, run.label)) for i, run in enumerate(runs)]
         return run_local(runs, commands, slots, pin, logs, results, os.path.join(log_dir, "summary.txt"))

@@ -255,14 +255,23 @@ def report_steps(config: dict) -> list[int]:  # where a trial reports its value 
 def load_study(storage, name: str, config: dict | None, worker: int = 0):
     """The study ``name`` and its config: the stored one, which ``config`` (when given) must match but for --trials,
     or ``config`` for a new study; its TPE sampler (docs/tuning.md#the-search-space) and its pruner."""
-    if config is None and name not in optuna.get_all_study_names(storage):
-        raise SweepError(f"no study {name} in this storage; start it with benchmark/tune.py SCRIPT ...")
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    try:  # report and attach only read: a journal's records are appended, and a reader must not add one
+        if config is None and name not in optuna.get_all_study_names(storage):
+            raise SweepError(f"no study {name} in this storage; start it with benchmark/tune.py SCRIPT ...")
+        if config is None:
+            study = optuna.load_study(study_name=name, storage=storage)
+        else:
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    except ValueError as exc:  # a damaged journal's JSON, say
+        raise SweepError(f"cannot read study {name} from its storage: {(str(exc).splitlines() or [''])[0]}") from None
     stored = study.user_attrs.get("tune:config") or config
+    if stored is None:
+        raise SweepError(f"study {name} was not started by benchmark/tune.py (it has no tune:config); use another")
     for key in [k for k in config or {} if k != "trials" and stored.get(k) != config[k]]:
         raise SweepError(f"study {name} has {key} {stored[key]!r}, not {config[key]!r}; keep it or use a new name")
+    if config is not None and study.user_attrs.get("tune:config") != config:
+        study.set_user_attr("tune:config", config)  # a new study's, or a new --trials
     config = config or stored
-    study.set_user_attr("tune:config", config)
     seed = config["sampler_seed"]  # each worker and restart seeds anew: a rerun would draw the same points again
     seed = None if seed is None else (seed + 1000 * worker + len(study.trials)) % 2**32
     startup = min(10, max(2, config["trials"] // 3))  # random trials before TPE models the results
@@ -574,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(_[A-Za-z0-9.-]+)*", a.study_name):
         raise SweepError(f"--study-name '{a.study_name}': use letters, digits, '.', '-' and single '_'")
     log_dir = os.path.abspath(a.log_dir or os.path.join(RUNS_DIR, "tune", a.study_name))
+    if a.out:  # now, not after the study
+        sweep.make_dir(a.out, "--out")
     storage = a.storage or os.path.join(log_dir, "study.journal")
     storage = re.sub(r"^sqlite:///(?=[^/])", f"sqlite:///{os.getcwd()}/", storage)  # absolute, for SLURM tasks
     storage = storage if "://" in storage else os.path.abspath(storage)

@@ -17,6 +17,7 @@ import pytest
 from helpers import SNAKE_LONGER, SNAKE_LONGER_STEPS, save_checkpoint_with_code, wait_for
 
 torch = pytest.importorskip("torch")
+from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
@@ -282,6 +283,26 @@ def test_control_characters_are_refused(engine, tmp_path):
 # ---------------------------------------------------------------- --resume-existing
 
 
+def test_an_output_folder_that_is_a_file_is_one_line(tmp_path, engine, capsys):
+    """Before: a FileExistsError traceback from the sweep's --log-dir, report.py's and speed.py's --out (speed's after
+    all its measuring). tune.py's --out: tests/test_tune.py."""
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    rc, _, err = engine("dqn_snake", *SNAKE, "--seeds", "1", "--log-dir", taken, "--", "--total-timesteps", "64")
+    one_error(rc, err, f"--log-dir {taken}: cannot make this folder")
+    sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+    try:
+        import report
+        import speed
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmark"))
+    with SummaryWriter(str(tmp_path / "runs" / "Snake5x5__dqn_snake_vec__1__1700000000")) as writer:
+        writer.add_scalar("charts/episodic_return", 1.0, 8)
+    for main, argv in [(report.main, [tmp_path / "runs"]), (speed.main, ["ceiling", "--snake-sizes", "64"])]:
+        assert main([*map(str, argv), "--out", str(taken)]) == 2
+        one_error(2, capsys.readouterr().err, f"--out {taken}: cannot make this folder")
+
+
 def test_decide_resume(tmp_path):
     runs = str(tmp_path / "runs")
     fake_checkpoint(tmp_path, "Snake6x6__n8__1", "finished", 100, 100)
@@ -315,6 +336,11 @@ def test_decide_resume(tmp_path):
     finally:
         os.close(fd)
     assert sweep.decide_resume(runs, "Pong__ppo__1").action == "resume"
+    # a foreign file with the keys but not their types: an error line (before: AttributeError, a traceback)
+    for odd in ({"model": {}, "args": ["ppo.py", "--seed", "1"]}, {"model": {}, "args": {}, "global_step": "abc"}):
+        torch.save(odd, stopped / "checkpoint.pt")
+        d = sweep.decide_resume(runs, "Snake6x6__n8__2")
+        assert d.action == "error" and "is not a training checkpoint (its model, args or step)" in d.note
 
 
 def test_resume_existing_in_a_sweep(tmp_path, engine, monkeypatch):

@@ -144,6 +144,27 @@ def test_report_and_attach_need_an_existing_study(tmp_path, capsys):
     )
 
 
+def test_a_report_only_reads_its_study(tmp_path, capsys):
+    """Before: every load wrote the study's config again, so `tune.py report` appended to the journal, and onto a
+    last record cut short (a tuner killed mid-write) it made the whole study unreadable, with a JSON traceback."""
+    journal = tmp_path / "s.journal"
+    study = tune.load_study(tune.open_storage(str(journal)), "s", CONFIG)[0]
+    gamma = optuna.distributions.FloatDistribution(0.9, 0.99)
+    study.add_trial(optuna.trial.create_trial(params={"gamma": 0.95}, distributions={"gamma": gamma}, value=1.0))
+    whole = journal.read_bytes()
+    journal.write_bytes(whole + whole.splitlines(keepends=True)[-1][:20])  # a record cut short
+    for _ in range(2):
+        assert tune.main(["report", "--study-name", "s", "--storage", str(journal), "--out", str(tmp_path)]) == 0
+    assert "1 trials: 1 complete" in capsys.readouterr().out
+    assert journal.read_bytes() == whole + whole.splitlines(keepends=True)[-1][:20]  # as it was
+    other = str(tmp_path / "other.journal")
+    optuna.create_study(study_name="f", storage=tune.open_storage(other))  # a study of Optuna's own
+    assert tune.main(["report", "--study-name", "f", "--storage", other]) == 2
+    assert "study f was not started by benchmark/tune.py" in capsys.readouterr().err
+    assert tune.main(["report", "--study-name", "s", "--storage", str(journal), "--out", str(journal)]) == 2
+    assert f"--out {journal}: cannot make this folder" in capsys.readouterr().err  # before: a traceback
+
+
 def test_slurm_dry_run_prints_the_array_and_makes_nothing(tmp_path, capsys):
     journal = tmp_path / "study.journal"
     argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(journal), "--param", "gamma=0.9:0.99"]
