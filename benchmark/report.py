@@ -388,6 +388,18 @@ def curve_on_grid(runs: list[Run], grid: np.ndarray, smooth: int) -> np.ndarray:
     return rows
 
 
+def curve_groups(runs: list[Run]) -> dict[str, list[Run]]:
+    """An env's lines by name: one per script and budget, as the table's rows (the budget named where a script has
+    several)."""
+    keys = sorted({(r.exp, r.total_timesteps or 0) for r in runs})
+    groups = {}
+    for exp, total in keys:
+        several = sum(other == exp for other, _ in keys) > 1
+        name = f"{exp}, {fmt_steps(total)} steps" if several and total else exp
+        groups[name] = [r for r in runs if (r.exp, r.total_timesteps or 0) == (exp, total)]
+    return groups
+
+
 def plot_env(env: str, runs: list[Run], out_dir: str, smooth: int) -> str | None:
     """The env's PNG: each script's mean over seeds, solid where every seed has data, with a min-max band."""
     import matplotlib
@@ -401,14 +413,14 @@ def plot_env(env: str, runs: list[Run], out_dir: str, smooth: int) -> str | None
         return None
     grid = np.linspace(0, max_step, 200)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for exp in sorted({r.exp for r in runs}):
-        ys = curve_on_grid([r for r in runs if r.exp == exp], grid, smooth)
-        n = sum(r.episodes > 0 for r in runs if r.exp == exp)
+    for name, members in curve_groups(runs).items():
+        ys = curve_on_grid(members, grid, smooth)
+        n = sum(r.episodes > 0 for r in members)
         with warnings.catch_warnings():  # a grid point no seed reached is a NaN, not a warning
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, lo, hi = np.nanmean(ys, 0), np.nanmin(ys, 0), np.nanmax(ys, 0)
         every_seed = np.sum(~np.isnan(ys), 0) == n
-        (line,) = ax.plot(grid, np.where(every_seed, mean, np.nan), label=f"{exp} ({n} seed{'s' if n != 1 else ''})")
+        (line,) = ax.plot(grid, np.where(every_seed, mean, np.nan), label=f"{name} ({n} seed{'s' if n != 1 else ''})")
         ax.plot(grid, np.where(every_seed, np.nan, mean), color=line.get_color(), linestyle="--", linewidth=1)
         ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_title(f"{env}: mean over seeds, min-max band", fontsize=10)

@@ -89,8 +89,8 @@ class Result:
 
 
 def read_metrics(folder: str) -> dict[str, float | None]:
-    """From the event files under ``folder``: SPS (the median of charts/SPS), the GPU utilisation at the steps with
-    an SPS (not the warm-up's), and the last memory and thread figures."""
+    """From the event files under ``folder``: the steps done (the last logged), SPS (the median of charts/SPS), the
+    GPU utilisation at the steps with an SPS (not the warm-up's), and the last memory and thread figures."""
     scalars: dict[str, dict[int, float]] = {}
     for path, _, files in os.walk(folder):
         for file in sorted(f for f in files if f.startswith("events.out.tfevents")):
@@ -108,6 +108,7 @@ def read_metrics(folder: str) -> dict[str, float | None]:
 
     util, peak, threads = steady("gpu/util_mean"), steady("gpu/util_peak"), last("threads/torch")
     return {
+        "steps": max(max(values) for values in scalars.values()) if scalars else None,  # done: whole iterations
         "sps": statistics.median(sps.values()) if sps else None,
         "util_mean": statistics.fmean(util) if util else None,
         "util_peak": max(peak) if peak else None,

@@ -5,8 +5,10 @@ runs `sweep.py task SPEC i`. A signal to the engine reaches every run, which wri
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import csv
+import difflib
 import functools
 import itertools
 import json
@@ -76,6 +78,68 @@ def dashed(words: Sequence[str]) -> list[str]:
     """The arguments for the runs with each flag's name in dashes: the scripts take --gae_lambda too, and the sweep's
     and the tuner's checks then see every spelling of a flag they set or read."""
     return [re.sub(r"^--[^=]+", lambda m: m[0].replace("_", "-"), w) if w.startswith("--") else w for w in words]
+
+
+class Field(NamedTuple):  # a field of the script's Args
+    flag: str
+    kind: str  # float, int, bool or str
+    default: object
+    choices: tuple | None = None  # a Literal's values
+
+
+def class_fields(path: Path, name: str) -> list[ast.AnnAssign]:
+    """The annotated fields of ``class name`` in the source at ``path``, after those of its bases that live in the
+    same file or a module of the repo root (``run_utils.RunArgs``)."""
+    classes = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name]
+    if not classes:
+        return []
+    fields = []
+    for base in classes[0].bases:
+        module, _, base_name = ast.unparse(base).rpartition(".")
+        base_path = Path(REPO_ROOT, f"{module}.py") if module else path
+        if base_path.is_file():
+            fields += class_fields(base_path, base_name)
+    return fields + [n for n in classes[0].body if isinstance(n, ast.AnnAssign)]
+
+
+def script_fields(script: str) -> dict[str, Field]:
+    """The fields of ``class Args`` in the script's source, inherited ones too, by name (nothing is imported)."""
+    path = Path(REPO_ROOT, script)
+    if not script.endswith(".py") or not path.is_file():
+        raise SweepError(f"no training script {script} in {REPO_ROOT}; name one, e.g. ppo_continuous.py")
+    fields = {}
+    for node in class_fields(path, "Args"):
+        default = None
+        with contextlib.suppress(ValueError):  # none, or an expression such as the script's file name: None
+            default = ast.literal_eval(node.value)
+        annotation = ast.unparse(node.annotation)
+        literal = re.search(r"Literal\[(.*?)\]", annotation)
+        choices = tuple(ast.literal_eval(f"({literal[1]},)")) if literal else None
+        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", annotation)]
+        kind = "str" if choices or not kinds else kinds[0]
+        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), kind, default, choices)
+    if not fields:
+        raise SweepError(f"{script} has no `class Args`; the tools read a script's flags from it")
+    return fields
+
+
+def find_field(name: str, fields: dict[str, Field], script: str) -> Field:
+    """The field a flag names (dashes or underscores, with or without --); a typo gets the nearest names."""
+    key = name.removeprefix("--").replace("-", "_")
+    if key not in fields:
+        near = [fields[n].flag for n in difflib.get_close_matches(key, list(fields), n=2)]
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise SweepError(f"{script} has no flag --{key.replace('_', '-')}{hint}")
+    return fields[key]
+
+
+def check_flags(words: Sequence[str], script: str) -> None:
+    """Each --flag in ``words`` (what follows --) names a field of the script's Args (``--no-x`` too): a typo is one
+    line here, with the nearest names, not an error in every run."""
+    fields = script_fields(script)
+    for word in [w.split("=")[0] for w in words if w.startswith("--")]:
+        if word[2:].replace("-", "_").removeprefix("no_") not in fields:
+            find_field(word, fields, script)
 
 
 def run_id(env_tag: str, exp_name: str, seed: int | str) -> str:
@@ -173,8 +237,10 @@ def grid_runs(grid: str, a: argparse.Namespace, passthrough: Sequence[str]) -> l
     elif grid == "ppo_continuous":
         envs = a.envs.split() + (MUJOCO_MORE.split() if a.all else [])
         for env_id, preset in itertools.product(envs, a.presets.split()):
-            if preset not in ("default", "fast", "heavy", "beast", "worlds"):  # worlds: with -- --sim mjx
+            if preset not in ("default", "fast", "heavy", "beast", "worlds"):
                 raise SweepError(f"unknown preset '{preset}' (use default, fast, heavy, beast or worlds)")
+            if preset == "worlds" and flag_value(passthrough, "--sim") != "mjx":  # the script would refuse each run
+                raise SweepError("preset worlds is 4,096 envs for --sim mjx: add -- --sim mjx, or use another preset")
             name = exp or ("ppo_continuous" if preset == "default" else f"ppo_continuous_{preset}")
             args = ["ppo_continuous.py", "--env-id", env_id, "--exp-name", name, "--preset", preset]
             settings.append((f"{env_id} {preset}", env_id, name, args[:-2] if preset == "default" else args))
@@ -388,8 +454,9 @@ def run_local(
         time.sleep(0.2)
     lines = [f"{len(runs)} runs in {time.time() - started:.0f} s"]
     for i, run in enumerate(runs):
-        status, why = results.get(i, ("not started", ""))
-        lines += [] if status in ("ok", "skipped") else [f"{status} [run {i}] {run.label}: {why}; log {logs[i]}"]
+        status, why = results.get(i, ("not started", "the sweep stopped first"))
+        log = f"; log {logs[i]}" if os.path.exists(logs[i]) else ""  # none for a run that never started
+        lines += [] if status in ("ok", "skipped") else [f"{status} [run {i}] {run.label}: {why}{log}"]
     counts = Counter(results.get(i, ("not started",))[0] for i in range(len(runs)))
     lines.append(", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "stopped", "not started", "skipped", "live")))
     if stopper.stopping:
@@ -574,6 +641,7 @@ def sweep_main(grid: str, argv: list[str]) -> int:
     runs = grid_runs(grid, a, tail)
     if not runs:
         raise SweepError("nothing to run (an empty list of envs, seeds or settings)")
+    check_flags(tail, runs[0].args[0])
     for flag, var in (("--wandb-entity", "WANDB_ENTITY"), ("--wandb-project-name", "WANDB_PROJECT_NAME")):
         if a.track and os.environ.get(var):
             check_words([flag, os.environ[var]], f" ({var})")

@@ -5,9 +5,6 @@ task of a SLURM job array is one); `tune.py report` writes the best trials with 
 from __future__ import annotations
 
 import argparse
-import ast
-import contextlib
-import difflib
 import functools
 import glob
 import math
@@ -21,7 +18,6 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -36,7 +32,7 @@ except ModuleNotFoundError:
 
 import report  # noqa: E402  (the one reader of run folders)
 import sweep  # noqa: E402  (slots, the launcher, SLURM; puts the repo root on sys.path)
-from sweep import SweepError  # noqa: E402
+from sweep import Field, SweepError  # noqa: E402
 
 import gpu_utils  # noqa: E402
 
@@ -49,59 +45,6 @@ NOT_TUNABLE |= {"capture_video", "progress_bar", "checkpoint_every", "total_time
 HEARTBEAT_S = 60.0  # how often a tuner stamps its running trials (user attribute tune:heartbeat)
 ALL_FAILED = 3  # failed trials, and not one complete or pruned: the command is wrong, and the tuner stops
 say = functools.partial(print, "[tune]", flush=True)
-
-
-class Field(NamedTuple):  # a field of the script's Args
-    flag: str
-    kind: str  # float, int, bool or str
-    default: object
-    choices: tuple | None = None  # a Literal's values
-
-
-def class_fields(path: Path, name: str) -> list[ast.AnnAssign]:
-    """The annotated fields of ``class name`` in the source at ``path``, after those of its bases that live in the
-    same file or a module of the repo root (``run_utils.RunArgs``)."""
-    classes = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name]
-    if not classes:
-        return []
-    fields = []
-    for base in classes[0].bases:
-        module, _, base_name = ast.unparse(base).rpartition(".")
-        base_path = Path(sweep.REPO_ROOT, f"{module}.py") if module else path
-        if base_path.is_file():
-            fields += class_fields(base_path, base_name)
-    return fields + [n for n in classes[0].body if isinstance(n, ast.AnnAssign)]
-
-
-def script_fields(script: str) -> dict[str, Field]:
-    """The fields of ``class Args`` in the script's source, inherited ones too, by name (nothing is imported)."""
-    path = Path(sweep.REPO_ROOT, script)
-    if not script.endswith(".py") or not path.is_file():
-        raise SweepError(f"no training script {script} in {sweep.REPO_ROOT}; name one, e.g. ppo_continuous.py")
-    fields = {}
-    for node in class_fields(path, "Args"):
-        default = None
-        with contextlib.suppress(ValueError):  # none, or an expression such as the script's file name: None
-            default = ast.literal_eval(node.value)
-        annotation = ast.unparse(node.annotation)
-        literal = re.search(r"Literal\[(.*?)\]", annotation)
-        choices = tuple(ast.literal_eval(f"({literal[1]},)")) if literal else None
-        kinds = [k for k in ("bool", "float", "int") if re.search(rf"\b{k}\b", annotation)]
-        kind = "str" if choices or not kinds else kinds[0]
-        fields[node.target.id] = Field("--" + node.target.id.replace("_", "-"), kind, default, choices)
-    if not fields:
-        raise SweepError(f"{script} has no `class Args`; tune.py tunes scripts whose flags come from one")
-    return fields
-
-
-def find_field(name: str, fields: dict[str, Field], script: str) -> Field:
-    """The field a flag names (dashes or underscores, with or without --); a typo gets the nearest names."""
-    key = name.removeprefix("--").replace("-", "_")
-    if key not in fields:
-        near = [fields[n].flag for n in difflib.get_close_matches(key, list(fields), n=2)]
-        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
-        raise SweepError(f"{script} has no flag --{key.replace('_', '-')}{hint}")
-    return fields[key]
 
 
 def convert(text: str, f: Field, what: str) -> object:
@@ -121,7 +64,7 @@ def parse_param(spec: str, fields: dict[str, Field], script: str):
     """``NAME=LOW:HIGH[:log|:STEP]`` or ``NAME=a,b,c`` (``a|b`` for choices with commas) -> (the flag without --, an
     Optuna distribution, which checks the range)."""
     name, _, text = spec.partition("=")
-    f = find_field(name.strip(), fields, script)
+    f = sweep.find_field(name.strip(), fields, script)
     what, key = f"--param {spec}", f.flag[2:].replace("-", "_")
     if key in NOT_TUNABLE:
         instead = f"; use {SET_BY_TUNER[key]}" if key in SET_BY_TUNER else ""
@@ -148,7 +91,7 @@ def parse_enqueue(text: str, space: dict, fields: dict[str, Field], script: str)
     values = {}
     for word in list(space) if text == "defaults" else text.split():
         name, _, value = word.partition("=")
-        f = find_field(name, fields, script)
+        f = sweep.find_field(name, fields, script)
         values[f.flag[2:]] = convert(value, f, f"--enqueue {text}") if value else f.default
     unsearched = sorted(values.keys() - space.keys())  # Optuna would drop them: the trial would run the defaults
     if unsearched:
@@ -337,7 +280,9 @@ class Worker:
         self.study, self.config, self.log_dir, self.stale_after = study, config, log_dir, a.stale_after
         self.slots, self.pin = sweep.make_slots(a, config["args"])
         self.python, self.lock = sweep.runs_python(), threading.Lock()
-        self.space = dict(parse_param(p, script_fields(config["script"]), config["script"]) for p in config["params"])
+        self.space = dict(
+            parse_param(p, sweep.script_fields(config["script"]), config["script"]) for p in config["params"]
+        )
         task = os.environ.get("SLURM_ARRAY_TASK_ID")
         self.worker = f"slurm {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task}" if task else f"local pid {os.getpid()}"
 
@@ -545,7 +490,7 @@ def build_parser() -> sweep.Parser:
 
 def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, list[dict]]:
     """The study's settings (its user attribute tune:config) and its --enqueue'd trials, checked."""
-    fields = script_fields(a.script)
+    fields = sweep.script_fields(a.script)
     space = dict(parse_param(spec, fields, a.script) for spec in a.param)
     if not a.param or len(space) != len(a.param):
         raise SweepError("give each searched flag once: --param NAME=SPEC, e.g. --param learning-rate=1e-4:1e-3:log")
@@ -553,8 +498,11 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
         key = word[2:].replace("-", "_")
         if key in SET_BY_TUNER or word[2:] in space:
             raise SweepError(f"{word} after -- is set by the tuner; use {SET_BY_TUNER.get(key, '--param')}")
+    sweep.check_flags(passthrough, a.script)  # else every trial's runs would fail on a typo
     envs = a.envs.split()
-    unknown = sweep.unknown_env_ids(envs) if "env_id" in fields else envs
+    if envs and "env_id" not in fields:
+        raise SweepError(f"{a.script} has no --env-id: leave out --envs")
+    unknown = sweep.unknown_env_ids(envs)
     if unknown:
         raise SweepError(f"unknown env id {unknown[0]} for {a.script}; use gymnasium's ids, e.g. --envs Hopper-v5")
     published, references = report.load_references(os.path.join(BENCH, "reference_scores.csv")), {}
@@ -564,8 +512,10 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
             raise SweepError(f"no reference score for {env} to normalise it by in benchmark/reference_scores.csv")
         references[env] = sum(scores) / len(scores)
     total = sweep.flag_value(passthrough, "--total-timesteps") or getattr(fields.get("total_timesteps"), "default", "")
-    if not str(total).isdecimal() or not 0 <= a.prune_warmup < 1:
-        raise SweepError(f"give --total-timesteps after -- (not {total}) and a --prune-warmup in [0, 1)")
+    if not str(total).isdecimal():
+        raise SweepError(f"give --total-timesteps after -- as a whole number, not {total}")
+    if not 0 <= a.prune_warmup < 1:
+        raise SweepError(f"--prune-warmup is a part of each run, in [0, 1); got {a.prune_warmup}")
     config = {"script": a.script, "params": a.param, "envs": envs, "seeds": sweep.parse_seeds(a.seeds)}
     config |= {"args": passthrough, "total_timesteps": int(total), "references": references}
     kept = ("last_episodes", "reports", "pruner", "prune_warmup", "prune_startup", "sampler_seed", "trials")

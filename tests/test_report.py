@@ -478,6 +478,11 @@ def test_report_puts_each_budget_in_a_row_of_its_own(tmp_path):
     short, long = table_row(res.stdout, "Hopper-v5", "10.0"), table_row(res.stdout, "Hopper-v5", "30.0")
     assert short[3:5] == ["10.0", "1,000 of 1,000"] and long[3:5] == ["30.0", "2,000 of 2,000"]
     assert "1 run folders repeat a seed of their group" in res.stdout
+    seeds = [rep.load_run(str(path)) for path in sorted(runs.iterdir())[:2]]
+    assert {name: [r.seed for r in group] for name, group in rep.curve_groups(seeds).items()} == {
+        "ppo_continuous, 1k steps": [1],
+        "ppo_continuous, 2k steps": [2],
+    }  # the curves too (before: one line, "ppo_continuous (2 seeds)")
 
 
 def test_report_weighs_window_means_by_their_games(tmp_path):

@@ -22,7 +22,7 @@ sys.path.remove(BENCH)
 # the smallest settings that still log SPS (two iterations or log windows): (steps per iteration, arguments)
 TINY = {
     "ppo_atari.py": (8, "--env-id ALE/Pong-v5 --num-envs 1 --num-steps 8 --minibatch-size 8 --update-epochs 1"),
-    "ppo_continuous.py": (64, "--num-steps 64 --num-minibatches 2 --update-epochs 1"),
+    "ppo_continuous.py": (80, "--num-steps 64 --num-minibatches 2 --update-epochs 1"),  # asks 160 steps, makes 128
     "dqn_snake_vec.py": (64, "--num-envs 16 --learning-starts 32 --log-every 64 --batch-size 16"),
     "benchmark/baseline_ppo.py": (32, "--env-id ALE/Pong-v5 --num-envs 1 --num-steps 32 --update-epochs 1"),
     "benchmark/baseline_ppo.py ": (64, "--env-id HalfCheetah-v5 --num-steps 64 --num-minibatches 2 --update-epochs 1"),
@@ -55,7 +55,8 @@ def test_read_metrics(tmp_path):
     w.add_scalar("memory/peak_allocated_mib", 150.0, 4)
     w.add_scalar("threads/torch", 3, 4)
     w.close()
-    expected = {"sps": 200, "util_mean": 60, "util_peak": 95, "peak_mib": 150, "estimated_mib": 100, "threads": 3}
+    expected = {"steps": 4, "sps": 200, "util_mean": 60, "util_peak": 95, "peak_mib": 150, "estimated_mib": 100}
+    expected["threads"] = 3
     assert speed.read_metrics(str(tmp_path / "runs")) == expected
     w = SummaryWriter(str(tmp_path / "cpu"))
     w.add_scalar("charts/SPS", 5.0, 1)
@@ -85,7 +86,8 @@ def test_runs_at_once_ok_failed_and_timed_out(tmp_path):
     sleeper.write_text("import time\ntime.sleep(60)\n")
     runs = [fake(tmp_path, "1234"), fake(tmp_path, "5", "3"), speed.Setting([str(sleeper)], 1, 2)]
     ok, failed, late = speed.run_settings(runs, 1.0, timeout=5)
-    assert ok.ok and ok.sps == 1234.0 and ok.steps == 2 and ok.cpu_s is None  # runs at once: no CPU time each
+    assert ok.ok and ok.sps == 1234.0 and ok.cpu_s is None  # runs at once: no CPU time each
+    assert ok.steps == 3  # the last step it logged, not the 2 asked
     assert ok.warning == "update: eager (CUDA graph capture failed: RuntimeError: boom)"
     row = speed.results_table([ok])[2]
     assert row.endswith("| 1,234 SPS | - | - | - | ok; update: eager (CUDA graph capture failed: RuntimeError: boom) |")
@@ -107,6 +109,7 @@ def test_tiny_run_of_each_script_and_baseline():
     settings = [speed.Setting([script.strip(), *args.split()], batch, 2) for script, (batch, args) in TINY.items()]
     for setting, res in zip(settings, speed.run_settings(settings, 1.0, timeout=300)):
         assert res.ok and res.sps > 0, (setting.shown(1.0), res.status, res.tail)
+        assert res.steps == (128 if setting.args[0] == "ppo_continuous.py" else setting.steps(1.0))  # done, not asked
         assert res.util_mean is None and res.peak_mib is None  # CPU runs log no GPU figures
 
 

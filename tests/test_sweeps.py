@@ -149,10 +149,11 @@ def test_grids(engine):
     assert flag(heavy, "--exp-name") == "ppo_continuous_heavy" and flag(heavy, "--preset") == "heavy"
     # every preset the script has, worlds (--sim mjx) included; it was refused as unknown
     presets = typing.get_args(typing.get_args(typing.get_type_hints(pc.Args)["preset"])[0])
-    rc, out, _ = engine(
-        "ppo_continuous", "--dry-run", "--envs", "Hopper-v5", "--presets", " ".join(presets), "--seeds", "1"
-    )
+    grid = ["ppo_continuous", "--dry-run", "--envs", "Hopper-v5", "--presets", " ".join(presets), "--seeds", "1"]
+    rc, out, _ = engine(*grid, "--", "--sim", "mjx")
     assert rc == 0 and [flag(cmd, "--preset") for *_, cmd in planned(out)] == list(presets)
+    # without --sim mjx the script refuses worlds: the sweep says so before any run starts (before: all failed)
+    one_error(*engine(*grid)[::2], "preset worlds is 4,096 envs for --sim mjx: add -- --sim mjx")
     rc, out, _ = engine("dqn_snake", "--dry-run", "--sizes", "10 8x12", "--num-envs", "64", "--seeds", "1")
     assert [(flag(c, "--height"), flag(c, "--width"), flag(c, "--exp-name")) for *_, c in planned(out)] == [
         ("10", "10", "dqn_snake_vec_n64"),
@@ -244,6 +245,8 @@ def test_bad_input_is_one_error_line(engine, tmp_path):
         (["dqn_snake"], {"CUDA_OFFSET": "x"}, ["CUDA_OFFSET must be a non-negative integer"]),
         (["dqn_snake", "--", "--gpu", "2"], {}, ["--gpu 2 after -- is not", "2 GPUs"]),
         (["dqn_snake", "--", "--gpu", "fast"], {}, ["--gpu fast"]),
+        # a typo after --: before, every run started and failed with exit 2
+        (["dqn_snake", "--", "--learning-rat", "0.1"], {}, ["dqn_snake_vec.py has no flag --learning-rat", "did you"]),
         (["dqn_snake"], {"PYTHON": "no-such-python-xyz"}, ["python interpreter 'no-such-python-xyz' not found"]),
         (["nope"], {}, ["name the grid first"]),
         # a game, env, setting or seed listed twice: two runs would write one run's folder (and resume it twice)
@@ -251,7 +254,7 @@ def test_bad_input_is_one_error_line(engine, tmp_path):
         (["dqn_snake", "--sizes", "10 10x10"], {}, ["Snake10x10__dqn_snake_vec_n256__1 twice"]),
         (["ppo_continuous", "--seeds", "1 2 1"], {}, ["twice", "--seeds"]),
     ]:
-        one_error(*engine(*args, "--dry-run", **env)[::2], *words)
+        one_error(*engine(args[0], "--dry-run", *args[1:], **env)[::2], *words)
     (tmp_path / "bad.json").write_text("{")
     for spec in ("none.json", "bad.json"):  # a SLURM task whose sweep file is gone or broken
         one_error(*engine("task", tmp_path / spec, "0")[::2], "cannot read the sweep's runs", spec)
@@ -348,6 +351,8 @@ def test_resume_existing_in_a_sweep(tmp_path, engine, monkeypatch):
     (a path from the repo root, where runs start), a live run left alone, a bad checkpoint a failure, the rest
     afresh."""
     monkeypatch.setattr(sweep, "REPO_ROOT", str(tmp_path))
+    for name in ("dqn_snake_vec.py", "run_utils.py"):  # the flags after -- are read from its Args
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
     done = fake_checkpoint(tmp_path, "Snake6x6__dqn_snake_vec_n8__1", "finished", 100, 100)
     stopped = fake_checkpoint(tmp_path, "Snake6x6__dqn_snake_vec_n8__2", "stopped", 40, 100)
     live = fake_checkpoint(tmp_path, "Snake6x6__dqn_snake_vec_n8__3", "running", 40, 100)
@@ -462,7 +467,8 @@ exec sleep 60
 
 def test_a_stop_while_a_run_starts_is_not_a_failure(tmp_path):
     log = tmp_path / "fake.log"
-    args = ["bash", os.path.join(ROOT, "benchmark", "dqn_snake.sh"), *SNAKE, "--seeds", "1", "--log-dir", tmp_path]
+    args = ["bash", os.path.join(ROOT, "benchmark", "dqn_snake.sh"), *SNAKE, "--seeds", "1 2", "--jobs", "1"]
+    args += ["--log-dir", tmp_path]
     env = sweep_env(NUM_GPUS="0", PYTHON=str(fake_python(tmp_path, STARTING)), FAKE_LOG=str(log))
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -472,8 +478,10 @@ def test_a_stop_while_a_run_starts_is_not_a_failure(tmp_path):
     finally:
         proc.kill()
     summary = (tmp_path / "summary.txt").read_text()
-    assert proc.returncode == 130 and "0 ok, 0 failed, 1 stopped" in summary, out
+    assert proc.returncode == 130 and "0 ok, 0 failed, 1 stopped, 1 not started" in summary, out
     assert ": before its first checkpoint; --resume-existing starts it afresh" in summary
+    # no log to point to (before: "not started [run 1] ...: ; log <a file that does not exist>")
+    assert "not started [run 1] Snake5x5 n=8 seed=2: the sweep stopped first\n" in summary
 
 
 ENDING = """# a run that finished as the sweep stopped: its checkpoint says finished, and it exits 0

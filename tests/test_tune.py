@@ -37,7 +37,7 @@ def clean_env():
 
 
 def test_the_search_space_comes_from_the_scripts_args():
-    fields = tune.script_fields("ppo_continuous.py")
+    fields = tune.sweep.script_fields("ppo_continuous.py")
     name, lr = tune.parse_param("learning-rate=1e-4:1e-3:log", fields, "ppo_continuous.py")
     assert name == "learning-rate" and (lr.low, lr.high, lr.log) == (1e-4, 1e-3, True)
     _, epochs = tune.parse_param("update_epochs=4:16:4", fields, "ppo_continuous.py")
@@ -78,6 +78,9 @@ def test_the_search_space_comes_from_the_scripts_args():
         (["--param", "gae-lambda=0.8:0.99", "--", "--gae_lambda", "0.9"], ["--gae-lambda after --"]),
         (["--param", "gamma=0.9:0.99", "--", "--env_id=Hopper-v5"], ["--env-id after -- is set", "use --envs"]),
         (["--param", "gamma=0.9:0.99", "--", "--exp-name", "x"], ["use --study-name"]),
+        # a typo after --: before, three trials started and failed, and the tuner stopped without the reason
+        (["--param", "gamma=0.9:0.99", "--", "--learning-rat", "0.1"], ["no flag --learning-rat", "did you mean"]),
+        (["--param", "gamma=0.9:0.99", "--prune-warmup", "1.5"], ["--prune-warmup is a part of each run, in [0, 1)"]),
         (["--param", "gamma=0.9:0.99", "--seeds", "1 01"], ["--seeds names seed 1 twice"]),
         (["--param", "gamma=0.9:0.99", "--enqueue", "gamma=0.5"], ["a value in its space, not gamma=0.5"]),
         (["--param", "gamma=0.9:0.99", "--envs", "Hoper-v5"], ["unknown env id Hoper-v5"]),
@@ -96,10 +99,17 @@ def test_bad_input_gets_a_one_line_error(capsys, tmp_path, argv, words):
     assert not (tmp_path / "j").exists()  # no study was made
 
 
+def test_a_script_without_env_ids_takes_no_envs(tmp_path, capsys):
+    """Before: "unknown env id Hopper-v5 for dqn_snake_vec.py; use gymnasium's ids, e.g. --envs Hopper-v5"."""
+    argv = ["dqn_snake_vec.py", "--study-name", "s", "--storage", str(tmp_path / "j"), "--param", "gamma=0.9:0.99"]
+    assert tune.main([*argv, "--envs", "Hopper-v5"]) == 2
+    assert "dqn_snake_vec.py has no --env-id: leave out --envs" in capsys.readouterr().err
+
+
 def test_values_that_would_break_a_study_later_are_refused_up_front():
     """Each of these used to pass the checks and fail later: a traceback when the study is made (after it was saved,
     so that the corrected command was refused as a clash), in a worker's thread at its first trial, or silently."""
-    fields = tune.script_fields("ppo_continuous.py")
+    fields = tune.sweep.script_fields("ppo_continuous.py")
     for spec in ("gamma=nan:0.99", "gamma=0.9:inf", "gamma=0.9,nan"):  # NumPy cannot draw from such a range
         with pytest.raises(tune.SweepError, match="--gamma takes a value of type float, not '(nan|inf)'"):
             tune.parse_param(spec, fields, "x")
@@ -444,7 +454,7 @@ def tune_calls(text):
 
 def test_documented_tune_calls_use_its_options():
     options = set(tune.build_parser()._option_string_actions)
-    fields = tune.script_fields("ppo_continuous.py")
+    fields = tune.sweep.script_fields("ppo_continuous.py")
     pages = [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "docs", "*.md")), tune.__file__]
     calls = [(page, words) for page in pages for words in tune_calls(open(page).read())]
     assert len(calls) > 5
