@@ -429,6 +429,18 @@ exit 0
 """
 
 
+def stopped_sweep(args, env, started, what, cwd=None):
+    """Start a sweep and SIGTERM it once ``started()`` holds: (its exit code, its stdout)."""
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(started, 120, what)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    return proc.returncode, out
+
+
 def test_local_sweep_stop_and_resume_existing(tmp_path):
     """SIGTERM to a sweep: its run writes a checkpoint and the sweep says so; the same command with
     --resume-existing skips the run that had finished and continues the stopped one in its folder to the end."""
@@ -436,15 +448,12 @@ def test_local_sweep_stop_and_resume_existing(tmp_path):
     done = fake_checkpoint(repo, "Snake5x5__dqn_snake_vec_n8__1", "finished", 800, 800)
     args = ["bash", "benchmark/dqn_snake.sh", *SNAKE, "--seeds", "1 2", "--resume-existing", "--log-dir"]
     env = sweep_env(NUM_GPUS="0", PYTHON=sys.executable)
-    proc = subprocess.Popen([*args, "logs", "--", *SNAKE_LONGER], cwd=repo, env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: list(repo.glob("runs/Snake5x5__dqn_snake_vec_n8__2__*/checkpoint.pt")), 120, "a checkpoint")
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=120)[0]
-    finally:
-        proc.kill()
+    written = "runs/Snake5x5__dqn_snake_vec_n8__2__*/checkpoint.pt"
+    rc, out = stopped_sweep(
+        [*args, "logs", "--", *SNAKE_LONGER], env, lambda: list(repo.glob(written)), written, cwd=repo
+    )
     summary = (repo / "logs" / "summary.txt").read_text()
-    assert proc.returncode == 130 and "0 ok, 0 failed, 1 stopped, 0 not started, 1 skipped" in summary, out
+    assert rc == 130 and "0 ok, 0 failed, 1 stopped, 0 not started, 1 skipped" in summary, out
     assert "its checkpoint is written" in summary and "--resume-existing continues" in summary
     (run_dir,) = repo.glob("runs/Snake5x5__dqn_snake_vec_n8__2__*")
     stopped = run_utils.read_checkpoint(run_dir / "checkpoint.pt")
@@ -470,15 +479,9 @@ def test_a_stop_while_a_run_starts_is_not_a_failure(tmp_path):
     args = ["bash", os.path.join(ROOT, "benchmark", "dqn_snake.sh"), *SNAKE, "--seeds", "1 2", "--jobs", "1"]
     args += ["--log-dir", tmp_path]
     env = sweep_env(NUM_GPUS="0", PYTHON=str(fake_python(tmp_path, STARTING)), FAKE_LOG=str(log))
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        wait_for(log.exists, 60, "the run to start")
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=60)[0]
-    finally:
-        proc.kill()
+    rc, out = stopped_sweep(args, env, log.exists, "the run to start")
     summary = (tmp_path / "summary.txt").read_text()
-    assert proc.returncode == 130 and "0 ok, 0 failed, 1 stopped, 1 not started" in summary, out
+    assert rc == 130 and "0 ok, 0 failed, 1 stopped, 1 not started" in summary, out
     assert ": before its first checkpoint; --resume-existing starts it afresh" in summary
     # no log to point to (before: "not started [run 1] ...: ; log <a file that does not exist>")
     assert "not started [run 1] Snake5x5 n=8 seed=2: the sweep stopped first\n" in summary
@@ -499,14 +502,8 @@ def test_a_run_that_finished_as_the_sweep_stopped_is_ok(tmp_path):
     log = tmp_path / "fake.log"
     args = ["bash", "benchmark/dqn_snake.sh", *SNAKE, "--seeds", "1", "--log-dir", "logs"]
     env = sweep_env(NUM_GPUS="0", PYTHON=str(fake_python(tmp_path, ENDING)), FAKE_LOG=str(log))
-    proc = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        wait_for(log.exists, 60, "the run to start")
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=60)[0]
-    finally:
-        proc.kill()
-    assert proc.returncode == 130 and "ok [run 0] Snake5x5 n=8 seed=1: exit code 0" in out, out
+    rc, out = stopped_sweep(args, env, log.exists, "the run to start", cwd=repo)
+    assert rc == 130 and "ok [run 0] Snake5x5 n=8 seed=1: exit code 0" in out, out
 
 
 # ---------------------------------------------------------------- SLURM: the job array's script, run here
