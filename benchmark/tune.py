@@ -198,7 +198,7 @@ def report_steps(config: dict) -> list[int]:  # where a trial reports its value 
 def load_study(storage, name: str, config: dict | None, worker: int = 0):
     """The study ``name`` and its config: the stored one, which ``config`` (when given) must match but for --trials,
     or ``config`` for a new study; its TPE sampler (docs/tuning.md#the-search-space) and its pruner."""
-    try:  # report and attach only read: a journal's records are appended, and a reader must not add one
+    try:  # report and attach load it: create_study appends a record to a journal even for a study that exists
         if config is None and name not in optuna.get_all_study_names(storage):
             raise SweepError(f"no study {name} in this storage; start it with benchmark/tune.py SCRIPT ...")
         if config is None:
