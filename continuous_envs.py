@@ -31,10 +31,17 @@ def _warn_once(message: str) -> None:
         print(f"MuJoCo warning: {message}", file=sys.stderr)
 
 
-def warn_once_per_process() -> None:
+def is_mujoco(env_id: str) -> bool:
+    """Whether gymnasium's ``env_id`` runs on MuJoCo: only then is MuJoCo imported, and MUJOCO_GL read."""
+    return "mujoco" in str(gym.spec(env_id).entry_point)
+
+
+def warn_once_per_process(env_id: str | None = None) -> None:
     """Make MuJoCo print each distinct warning once in this process, on stderr, instead of at every model it compiles
     and into MUJOCO_LOG.TXT in the working directory: gymnasium's half_cheetah.xml warns of a deprecated attribute
-    (MuJoCo 4.0), once for each of a run's thousands of envs."""
+    (MuJoCo 4.0), once for each of a run's thousands of envs. ``env_id``: nothing for an env without MuJoCo."""
+    if env_id is not None and not is_mujoco(env_id):
+        return
     import mujoco  # here, not at the top: importing it reads MUJOCO_GL, which action_space sets first for a video
 
     mujoco.set_mju_user_warning(_warn_once)
@@ -58,13 +65,19 @@ class RecordVideo(gym.wrappers.RecordVideo):
 def action_space(env_id: str, video: bool = False) -> gym.Space:
     """The action space of one ``env_id`` env. With ``video`` it first renders a frame, as --capture-video will, so
     that a missing renderer (pygame for the classic-control envs, an OpenGL for MuJoCo) is a one-line ValueError before
-    the run writes anything rather than a traceback at its first reset."""
-    if video and not os.environ.get("DISPLAY"):
+    the run writes anything rather than a traceback at its first reset. An unknown id is a ValueError too."""
+    if env_id.startswith("ALE/"):  # ale_py registers its games only when imported: ppo_atari.py does
+        raise ValueError(f"{env_id} is an Atari game, with discrete actions: ppo_atari.py trains it")
+    if env_id not in gym.envs.registry:
+        raise ValueError(f"unknown env id {env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1")
+    mujoco_env = is_mujoco(env_id)
+    if video and mujoco_env and not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering, for the run's video env too (made later)
     try:
-        import mujoco  # here: importing it reads MUJOCO_GL, set above for a video
+        if mujoco_env:
+            import mujoco  # here: importing it reads MUJOCO_GL, set above for a video
 
-        mujoco.set_mju_user_warning(lambda message: None)  # silent: an error line may follow; the run's envs warn once
+            mujoco.set_mju_user_warning(lambda message: None)  # silent: an error line may follow; the envs warn once
         with gym.make(env_id, render_mode="rgb_array" if video else None) as env:
             if video:
                 env.reset(seed=0)
@@ -72,7 +85,8 @@ def action_space(env_id: str, video: bool = False) -> gym.Space:
             return env.action_space
     except Exception as exc:  # noqa: BLE001 - gymnasium's DependencyNotInstalled, MuJoCo's GL errors, ...
         reason = gpu_utils.first_line(exc)
-        reason += f", with MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
+        if mujoco_env and os.environ.get("MUJOCO_GL"):  # MuJoCo's renderer, chosen at its import
+            reason += f", with MUJOCO_GL={os.environ['MUJOCO_GL']}: unset it, or set one this machine has"
         if video:
             raise ValueError(f"--capture-video: {env_id} cannot render here ({reason}); drop --capture-video") from None
         raise ValueError(f"{env_id} cannot be made here ({reason})") from None

@@ -394,7 +394,7 @@ def choose_batch_size(
     if isinstance(requested, str):
         text = requested.strip().lower()
         if text == "auto":
-            limit = total if target is None else max(1, target)
+            limit = total if target is None else max(2, target)  # a minibatch of one row normalises nothing
             return max(d for d in divisors_of_total if d <= limit)
         if not text.isdecimal():
             raise BatchSizeError(f"--minibatch-size {requested!r} must be 'auto' or a positive integer")

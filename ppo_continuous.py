@@ -116,7 +116,7 @@ def resolve_args(args: Args) -> dict[str, str]:
         sources["minibatch_size"] = "derived"
         args.minibatch_size = str(gpu_utils.choose_batch_size(total, parts=nmb))
     else:  # an integer dividing the total, 'auto', or the preset's size (the largest divisor below it if that fails)
-        target = int(preset["minibatch_size"]) if preset else total // DEFAULTS["num_minibatches"]
+        target = int(preset["minibatch_size"]) if preset else max(2, total // DEFAULTS["num_minibatches"])
         requested = "auto" if args.minibatch_size is None else args.minibatch_size
         size = gpu_utils.choose_batch_size(total, requested, target=target)
         if args.minibatch_size is None:
@@ -132,8 +132,6 @@ def resolve_args(args: Args) -> dict[str, str]:
 def validate(args: Args, evaluating: bool) -> None:
     """Raise ValueError with the one-line message of the first setting that cannot work."""
     hidden_sizes(args.network_arch)
-    if args.env_id not in gym.envs.registry:
-        raise ValueError(f"unknown env id {args.env_id!r}; try HalfCheetah-v5, Hopper-v5 or Pendulum-v1")
     act_space = continuous_envs.action_space(
         args.env_id, video=args.capture_video and args.sim == "cpu" and not evaluating
     )
@@ -146,8 +144,8 @@ def validate(args: Args, evaluating: bool) -> None:
     mjx_only = "--sim mjx steps every env on the device: drop --subproc and --capture-video"
     preset = "--preset worlds is 4,096 envs for --sim mjx: add --sim mjx, or use --preset fast, heavy or beast"
     checks = {
+        preset: evaluating or args.preset != "worlds" or args.sim == "mjx",  # before "enough": worlds sets the batch
         enough: evaluating or args.total_timesteps >= batch_size,
-        preset: args.preset != "worlds" or args.sim == "mjx",
     }
     if args.sim == "mjx" and not evaluating:  # the extra, before the run writes anything
         extra = mjx_envs.missing_extra(args.mjx_impl)
@@ -174,7 +172,7 @@ def make_env(env_id, idx, capture_video, video_folder, in_subprocess):
         if in_subprocess and os.getpid() != parent:
             for sig in run_utils.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
-        continuous_envs.warn_once_per_process()
+        continuous_envs.warn_once_per_process(env_id)
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
             env = continuous_envs.RecordVideo(env, video_folder)  # gymnasium's, a failed write a warning

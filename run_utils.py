@@ -201,6 +201,9 @@ def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
         f"--max-grad-norm must be positive, got {args.max_grad_norm}": args.max_grad_norm > 0,
         f"--eval-episodes must be at least 1, got {args.eval_episodes}": args.eval_episodes >= 1,
         f"--checkpoint-every must be at least 0 (0: only at the end and on a stop), got {every}": every >= 0,
+        f"--exp-name names the run's folder: give one without '/', got {args.exp_name!r}": (
+            args.exp_name.strip() != "" and "/" not in args.exp_name
+        ),
     }
     if "gae_lambda" not in fields:
         return checks

@@ -119,6 +119,9 @@ def test_a_file_that_is_no_checkpoint_is_one_line_error(script, flag, tmp_path):
         ("--learning-rate", "-1", ["--learning-rate must be at least 0, got -1.0"]),  # was torch's bare traceback
         ("--checkpoint-every", "-1", ["--checkpoint-every must be at least 0", "got -1"]),  # was: every iteration
         ("--seed", str(2**32), ["--seed must be from 0 to 2**", "got 4294967296"]),  # was numpy's bare traceback
+        # was "cannot make runs/... here; start the run in a writable folder", after the device lines
+        ("--exp-name", "a/b", ["--exp-name names the run's folder: give one without '/', got 'a/b'"]),
+        ("--exp-name", "", ["--exp-name names the run's folder"]),  # was a folder named Pendulum-v1____1__<time>
     ],
 )
 def test_settings_shared_by_every_script_are_checked_the_same_way(script, flag, value, words, tmp_path):

@@ -134,6 +134,9 @@ def test_choose_batch_size():
     assert choose_batch_size(2048, "auto") == 2048
     assert choose_batch_size(1000, "auto", target=300) == 250
     assert choose_batch_size(12, "auto", target=5) == 4
+    # never one row where two fit (before: ppo_continuous --num-steps 32 --minibatch-size auto took 1, which
+    # --norm-adv then refused)
+    assert choose_batch_size(32, "auto", target=32 // 32) == 2 and choose_batch_size(3, "auto", target=1) == 1
     assert choose_batch_size(4096, 512) == 512
     assert choose_batch_size(4096, "1024") == 1024
     with pytest.raises(BatchSizeError) as err:

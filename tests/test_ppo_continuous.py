@@ -148,6 +148,12 @@ def test_bad_settings_raise_one_line_errors(argv, match):
     "argv,words",
     [
         (["--env-id", "NoSuchEnv-v9"], ["unknown env id"]),
+        (
+            ["--env-id", "ALE/Breakout-v5"],
+            ["an Atari game, with discrete actions: ppo_atari.py trains it"],
+        ),  # "unknown"
+        # worlds first: "--total-timesteps 256 is less than one batch (262144 = envs x steps)" sent one the wrong way
+        (["--env-id", "Pendulum-v1", "--preset", "worlds", "--total-timesteps", "256"], ["add --sim mjx"]),
         (["--env-id", "Pendulum-v1", "--total-timesteps", "100"], ["less than one batch"]),
         (["--eval-checkpoint", "atari.model"], ["another script's checkpoint"]),
         (["--env-id", "Pendulum-v1", "--cudagraphs", "--gpu", "false"], ["--cudagraphs needs a CUDA device"]),
@@ -179,8 +185,12 @@ def test_a_mujoco_gl_that_cannot_work_is_one_line_error(tmp_path):
     for video, words in (([], "InvertedPendulum-v5 cannot be made here"), (["--capture-video"], "cannot render here")):
         cmd = [sys.executable, SCRIPT, *args, *video]
         res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        assert_one_line_error(res, words, "MUJOCO_GL=bogus")
+        assert_one_line_error(res, words, "MUJOCO_GL=bogus: unset it, or set one this machine has")
     assert not (tmp_path / "runs").exists()
+    # an env without MuJoCo does not read it (before: Pendulum-v1 "cannot be made here ... with MUJOCO_GL=bogus")
+    cmd = [sys.executable, SCRIPT, *args, "--env-id", "Pendulum-v1", "--num-minibatches", "2", "--update-epochs", "1"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "MUJOCO_GL" not in res.stderr, res.stderr[-2000:]
 
 
 def test_bad_input_on_halfcheetah_is_one_line_and_writes_no_mujoco_log(tmp_path):
