@@ -306,9 +306,10 @@ if __name__ == "__main__":
     with run_utils.one_line_errors():
         ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
         eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
-        if eval_ckpt:  # the network to load; the seed and the number of episodes come from the command line
+        if eval_ckpt:  # the network to load, no training sizes; the seed and episodes come from the command line
             args.env_id = eval_ckpt["args"]["env_id"]
             args.network_arch = eval_ckpt["args"]["network_arch"]
+            args.preset = args.num_envs = args.num_steps = args.minibatch_size = args.num_minibatches = None
         if ckpt:  # the run's settings; how and where it runs comes from the command line
             run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
         sources = {} if ckpt else resolve_args(args)

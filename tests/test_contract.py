@@ -295,6 +295,9 @@ def test_eval_checkpoint_ignores_the_training_sizes(script, finished, tmp_path):
     it. Before, ppo_atari said `--minibatch-size 256 does not divide the total batch 384` or `--total-timesteps must
     be at least one batch`."""
     sizes = ["--num-envs", "3", "--total-timesteps", "10"]
+    # and a rollout that no minibatch count divides: before, ppo_continuous said "--num-minibatches 32 cannot split
+    # the total batch 300 (envs x steps) evenly"
+    sizes += [] if script == "dqn_snake_vec" else ["--num-steps", "100"]
     res = run(
         script, ["--eval-checkpoint", finished(script) / "checkpoint.pt", "--eval-episodes", "1", *sizes], tmp_path
     )
