@@ -253,8 +253,10 @@ def test_a_stop_after_the_end_of_a_run_leaves_it_finished(script, tmp_path):
             time.sleep(0.05)  # into the teardown
             proc.send_signal(signal.SIGTERM)
             break
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopping" not in err, err[-2000:]
+    err = proc.communicate(timeout=120)[1]
+    # 0.05 s may still be before Run.exit under load (closing the logs and envs): the handler then notes a stop that
+    # nothing reads, and the run ends as it would have
+    assert proc.returncode == 0, err[-2000:]
     (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     assert run_utils.read_checkpoint(checkpoint)["status"] == "finished"
 
