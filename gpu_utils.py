@@ -754,8 +754,7 @@ class CudaGraph:
                 with torch.cuda.graph(graph):  # records the kernels without running them: the replay below runs them
                     self.static_out = self.fn(*self.static_args)
             except Exception as exc:  # noqa: BLE001 - any failure to capture: the same step, eagerly
-                detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-                self.failure = f"{type(exc).__name__}: {detail}"
+                self.failure = f"{type(exc).__name__}: {first_line(exc)}"
                 print(f"{self.name}: eager (CUDA graph capture failed: {self.failure})")
                 self.enabled = False
                 self.static_args = ()

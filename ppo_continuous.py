@@ -144,7 +144,7 @@ def validate(args: Args, evaluating: bool) -> None:
     mjx_only = "--sim mjx steps every env on the device: drop --subproc and --capture-video"
     preset = "--preset worlds is 4,096 envs for --sim mjx: add --sim mjx, or use --preset fast, heavy or beast"
     checks = {
-        preset: evaluating or args.preset != "worlds" or args.sim == "mjx",  # before "enough": worlds sets the batch
+        preset: args.preset != "worlds" or args.sim == "mjx",  # before "enough": worlds sets the batch
         enough: evaluating or args.total_timesteps >= batch_size,
     }
     if args.sim == "mjx" and not evaluating:  # the extra, before the run writes anything

@@ -133,10 +133,9 @@ def find_field(name: str, fields: dict[str, Field], script: str) -> Field:
     return fields[key]
 
 
-def check_flags(words: Sequence[str], script: str) -> None:
-    """Each --flag in ``words`` (what follows --) names a field of the script's Args (``--no-x`` too): a typo is one
+def check_flags(words: Sequence[str], fields: dict[str, Field], script: str) -> None:
+    """Each --flag in ``words`` (what follows --) names one of the script's ``fields`` (``--no-x`` too): a typo is one
     line here, with the nearest names, not an error in every run."""
-    fields = script_fields(script)
     for word in [w.split("=")[0] for w in words if w.startswith("--")]:
         if word[2:].replace("-", "_").removeprefix("no_") not in fields:
             find_field(word, fields, script)
@@ -433,12 +432,13 @@ def run_local(
     summary (also to the file ``summary``); 0, 1 (a run failed) or 130 (stopped by a signal)."""
     queue = [i for i in range(len(runs)) if i not in results]
     stopper, started = Stopper(), time.time()
+    runs_dir = os.path.join(REPO_ROOT, "runs")
     while queue and not stopper.stopping or any(s.proc for s in slots):
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is not None:
                 resumed = flag_value(commands[slot.run], "--resume")
                 rid = runs[slot.run].run_id  # did it end as the stop came? its newest checkpoint says
-                finished = stopper.stopping and decide_resume(REPO_ROOT + "/runs", rid).note.startswith("finished")
+                finished = stopper.stopping and decide_resume(runs_dir, rid).note.startswith("finished")
                 results[slot.run] = outcome(slot.proc.returncode, stopper.stopping, resumed, finished)
                 status, why = results[slot.run]
                 say(f"[sweep] {status} [run {slot.run}] {runs[slot.run].label}: {why}")
@@ -641,7 +641,7 @@ def sweep_main(grid: str, argv: list[str]) -> int:
     runs = grid_runs(grid, a, tail)
     if not runs:
         raise SweepError("nothing to run (an empty list of envs, seeds or settings)")
-    check_flags(tail, runs[0].args[0])
+    check_flags(tail, script_fields(runs[0].args[0]), runs[0].args[0])
     for flag, var in (("--wandb-entity", "WANDB_ENTITY"), ("--wandb-project-name", "WANDB_PROJECT_NAME")):
         if a.track and os.environ.get(var):
             check_words([flag, os.environ[var]], f" ({var})")

@@ -187,7 +187,7 @@ def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///
             return optuna.storages.RDBStorage(url, engine_kwargs=timeout)
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(url))
     except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver, no server: one line naming the storage
-        raise SweepError(f"cannot open storage {url}: {(str(exc).splitlines() or [repr(exc)])[0][:200]}") from None
+        raise SweepError(f"cannot open storage {url}: {gpu_utils.first_line(exc)}") from None
 
 
 def report_steps(config: dict) -> list[int]:  # where a trial reports its value so far (the last: its value)
@@ -206,7 +206,7 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
         else:
             study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
     except ValueError as exc:  # a damaged journal's JSON, say
-        raise SweepError(f"cannot read study {name} from its storage: {(str(exc).splitlines() or [''])[0]}") from None
+        raise SweepError(f"cannot read study {name} from its storage: {gpu_utils.first_line(exc)}") from None
     stored = study.user_attrs.get("tune:config") or config
     if stored is None:
         raise SweepError(f"study {name} was not started by benchmark/tune.py (it has no tune:config); use another")
@@ -498,7 +498,7 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
         key = word[2:].replace("-", "_")
         if key in SET_BY_TUNER or word[2:] in space:
             raise SweepError(f"{word} after -- is set by the tuner; use {SET_BY_TUNER.get(key, '--param')}")
-    sweep.check_flags(passthrough, a.script)  # else every trial's runs would fail on a typo
+    sweep.check_flags(passthrough, fields, a.script)  # else every trial's runs would fail on a typo
     envs = a.envs.split()
     if envs and "env_id" not in fields:
         raise SweepError(f"{a.script} has no --env-id: leave out --envs")

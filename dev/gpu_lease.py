@@ -287,7 +287,7 @@ def part_learn(o) -> int:
             csv += [f"{env_id},{seed},{when:.1f},{step},{ret:.2f}" for when, step, ret in points[env_id, seed]]
             figures = learned(points[env_id, seed], target)
             met = speed.DASH if target is None else "yes" if figures[5] is not None else "no"
-            cells = [speed.fmt(x, 1 if i == 3 else 0) for i, x in enumerate(figures)]
+            cells = [fmt(x, 1 if i == 3 else 0) for i, x in enumerate(figures)]
             folder, proc = runs[env_id, seed]
             names = [os.path.basename(run) for run in glob.glob(os.path.join(folder, "runs", "*"))]
             name = names[0] if names else f"no run folder (exit {proc.returncode})"
@@ -296,7 +296,7 @@ def part_learn(o) -> int:
         spread = [f"{fmt(fmean(c), d)} ± {fmt(stdev(c) if c[1:] else 0, d)}" for c, d in zip(zip(*done), (0, 0, 0, 1))]
         met = speed.DASH if target is None else "yes" if done and fmean(f[3] for f in done) >= target else "no"
         rows.append([f"{env_id} mean ± std", f"{len(done)} seeds", *(spread or [speed.DASH] * 4), "-", "-", met])
-        goal = "none (dry run)" if target is None else f">= {speed.fmt(target, 2)} (CleanRL, v4, 1M steps)"
+        goal = "none (dry run)" if target is None else f">= {fmt(target, 2)} (CleanRL, v4, 1M steps)"
         for r in rows[-4:]:  # the seeds' rows and their mean
             label = f"{env_id}, {budget:.0f} s: {r[0].removeprefix(env_id + ' ')}"
             summary.append([label, f"{r[5]} eval return", goal, "-", r[-1], "-", "-"])
@@ -489,7 +489,7 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
         if not measured:
             return [figure, "not measured", target, *[speed.DASH] * 4]
         ratio = goal / measured if unit.startswith("ms") else measured / goal
-        shown = f"{speed.fmt(measured, 1 if unit.startswith('ms') else 0)} {unit}"
+        shown = f"{fmt(measured, 1 if unit.startswith('ms') else 0)} {unit}"
         of_env = f"{measured / env_rate:.0%}" if env_rate else speed.DASH
         vs_old = f"{measured / old(key):.2f}x" if old(key) else speed.DASH
         return [figure, shown, target, f"{ratio:.2f}", "yes" if ratio >= 1 else "no", of_env, vs_old]
@@ -497,7 +497,7 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
     atari, dqn = "ppo_atari.py --compile --cudagraphs", "dqn_snake_vec.py --compile --cudagraphs, 4,096 games"
     worlds = "ppo_continuous.py --sim mjx --preset worlds, HalfCheetah, 4,096 worlds"
     ten_k, one_m, mujoco = ">= 10,000 SPS", ">= 1,000,000 SPS", env.get("mujoco")
-    beast = f">= 20,000 SPS or >= 90% of the MuJoCo ceiling ({speed.fmt(mujoco)})"
+    beast = f">= 20,000 SPS or >= 90% of the MuJoCo ceiling ({fmt(mujoco)})"
     beast_goal = min(20_000, 0.9 * mujoco) if mujoco else 20_000  # meeting either target meets it
     rows = [
         row(atari, "ppo_atari/after", ten_k, 1e4, env.get("atari")),
