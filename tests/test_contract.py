@@ -686,20 +686,31 @@ def fingerprint(run_dir: Path, script: str) -> dict:
 
 
 def machine() -> dict:
-    model = ""
+    """What decides a run's kernels on the CPU: torch's version, the kernels torch dispatches to (AVX512, AVX2, ...,
+    which ATEN_CPU_CAPABILITY may lower) and the CPU's vector instruction sets, which oneDNN's convolutions choose
+    from (ONEDNN_MAX_CPU_ISA may cap them). The CPU's model name alone is not enough: two "AMD EPYC" generations,
+    one with AVX-512 and one without, round the same run differently."""
+    flags = []
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    return {"torch": torch.__version__, "cpu": model}
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    vector = sorted(flag for flag in flags if flag.startswith(("avx", "amx", "fma")))
+    return {
+        "torch": torch.__version__,
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "isa": " ".join(vector),
+        "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+    }
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_tiny_run_computes_the_stored_numbers(script, finished):
-    """The same seed gives the same numbers, before and after any refactor: bitwise where torch's version and the CPU
-    are those that stored tests/fingerprints.json, within a tight tolerance elsewhere (another CPU may round
-    differently). A change to what a run computes (the loss, the advantages, an env rule) fails here; when it is
-    meant, store the new numbers with `UPDATE_FINGERPRINTS=1 pytest tests/test_contract.py -k tiny_run` and say why
-    in the commit."""
+    """The same seed gives the same numbers, before and after any refactor: bitwise where torch's version, its CPU
+    kernels and the CPU's instruction sets are those that stored tests/fingerprints.json (``machine``), within a tight
+    tolerance elsewhere (another instruction set rounds differently: checked with ATEN_CPU_CAPABILITY=avx2
+    ONEDNN_MAX_CPU_ISA=AVX2, and with default and SSE41, on an AVX-512 CPU). A change to what a run computes (the
+    loss, the advantages, an env rule) fails here; when it is meant, store the new numbers with
+    `UPDATE_FINGERPRINTS=1 pytest tests/test_contract.py -k tiny_run` and say why in the commit."""
     import json
 
     got = fingerprint(finished(script), script)
