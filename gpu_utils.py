@@ -568,71 +568,31 @@ def estimate_memory(
 
 @dataclass
 class MicroBatch:
-    """Rows per backward pass (``--micro-batch``). ``accumulate_gradients`` halves ``rows`` on CUDA out-of-memory and
-    notes each back-off as (rows that did not fit, rows now) in ``backoffs``, for the run to report."""
+    """Rows per backward pass (``--micro-batch``), halved by ``halve_on_oom``; ``backoffs``: (rows tried, rows now)."""
 
     rows: int
     backoffs: list[tuple[int, int]] = field(default_factory=list)
 
 
-Stats = torch.Tensor | dict[str, torch.Tensor]  # what a loss reports besides itself: means over its rows
-
-
-def accumulate_gradients(
-    loss_fn: Callable[..., tuple[torch.Tensor, Stats]],
-    batch: Sequence[torch.Tensor],
-    micro: MicroBatch,
-    parameters: Sequence[nn.Parameter],
-) -> Stats:
-    """Backpropagate a minibatch (tensors with one row per sample) in micro-batches of at most ``micro.rows`` rows;
-    return the row-weighted statistics.
-
-    ``loss_fn(*rows)`` returns (the mean loss over those rows, statistics that are means over them). Weighting each
-    by its share of the rows makes the gradients equal one backward over the whole minibatch (so normalise over the
-    whole minibatch first). On CUDA out-of-memory the micro-batch halves (noted in ``micro``) and the minibatch
-    starts over with cleared gradients, down to one row.
-    """
-    rows = len(batch[0])
-    size = max(1, min(micro.rows, rows))
-    tried = size
+def halve_on_oom(step: Callable, micro: MicroBatch, *args):
+    """``step(*args)``, again with half the micro-batch on each CUDA out-of-memory, down to one row; says the rows it
+    settled on. ``step`` must start from cleared gradients and split its minibatch into ``micro.rows`` rows."""
+    tried = micro.rows
     while True:
-        for p in parameters:
-            p.grad = None
         try:
-            stats = None
-            for start in range(0, rows, size):
-                end = min(start + size, rows)
-                loss, chunk_stats = loss_fn(*(t[start:end] for t in batch))
-                weight = (end - start) / rows
-                (loss * weight).backward()
-                stats = _weighted_sum(stats, chunk_stats, weight)
-            if size != tried:
-                micro.backoffs.append((tried, size))
-            micro.rows = size
-            return stats
+            out = step(*args)
+            break
         except torch.cuda.OutOfMemoryError:
-            if size == 1:
+            if micro.rows == 1:
                 raise
         # outside the except block, so the traceback no longer holds the failed attempt's tensors
-        size //= 2
+        micro.rows //= 2
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def _weighted_sum(total: Stats | None, stats: Stats, weight: float) -> Stats:
-    """``total + stats * weight`` for a tensor or a dict of tensors (``stats * weight`` when ``total`` is None)."""
-    if isinstance(stats, dict):
-        return {
-            key: _weighted_sum(None if total is None else total[key], value, weight) for key, value in stats.items()
-        }
-    return stats * weight if total is None else total + stats * weight
-
-
-def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> None:
-    """``nn.utils.clip_grad_norm_``'s arithmetic in three foreach ops, without its Python overhead (large next to a
-    small MLP's update)."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    if micro.rows != tried:
+        print(f"micro-batch: CUDA out of memory at {tried} rows, now {micro.rows} rows per backward pass")
+        micro.backoffs.append((tried, micro.rows))
+    return out
 
 
 def learning_rate_tensor(learning_rate: float, device: torch.device) -> torch.Tensor:
@@ -642,29 +602,18 @@ def learning_rate_tensor(learning_rate: float, device: torch.device) -> torch.Te
     return torch.tensor(learning_rate, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
 
 
-def compile_steps(
-    act: Callable, loss: Callable, compile: bool, cudagraphs: bool, captured: str = "", verbose: bool = True
-) -> tuple[Callable, Callable]:
-    """``--compile`` and ``--cudagraphs``: torch.compile the action step and the loss, in mode reduce-overhead with
-    --cudagraphs, else default; what a captured CudaGraph step already holds (``captured``: "loss" or "both")
-    compiles in mode default inside it."""
+def compile_policy(policy: Callable, compile: bool, cudagraphs: bool) -> Callable:
+    """``--compile``: torch.compile the action step; ``--cudagraphs``: in mode reduce-overhead, torch.compile's CUDA
+    graphs, one per batch shape, each call a new step (the rollout copies the outputs before the next call)."""
     if not (compile or cudagraphs):
-        return act, loss
-    mode = "reduce-overhead" if cudagraphs else "default"
-    act_mode = "default" if captured == "both" else mode
-    loss_mode = "default" if captured else mode
-    if verbose:
-        print(
-            f"compile: the action step and the loss, mode {act_mode}"
-            + (", the loss default" if loss_mode != act_mode else "")
-        )
-    compiled_act = torch.compile(act, mode=act_mode)
+        return policy
+    compiled = torch.compile(policy, mode="reduce-overhead" if cudagraphs else "default")
 
-    def marked_act(*args):
+    def marked(*args):
         torch.compiler.cudagraph_mark_step_begin()
-        return compiled_act(*args)
+        return compiled(*args)
 
-    return marked_act if act_mode == "reduce-overhead" else compiled_act, torch.compile(loss, mode=loss_mode)
+    return marked if cudagraphs else compiled
 
 
 def all_reduce_gradients(parameters: Sequence[nn.Parameter], world_size: int) -> None:
@@ -700,36 +649,16 @@ class CudaGraph:
         enabled: bool = True,
         warmup: int = 3,
         name: str = "step",
-        micro: MicroBatch | None = None,
     ):
         self.fn = fn
         self.enabled = enabled
         self.warmup = warmup
         self.name = name
-        self.micro = micro  # a back-off of its micro-batch in the eager warm-up: the step stays eager
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_args: tuple[torch.Tensor, ...] = ()
         self.static_out: Tensors | None = None
         self.failure = ""  # why the capture failed, when it did
-
-    @classmethod
-    def requested(
-        cls,
-        fn: Callable[..., Tensors],
-        cudagraphs: bool,
-        blockers: dict[str, bool],
-        name: str,
-        holds: str,
-        verbose: bool = True,
-        **kwargs,
-    ) -> CudaGraph:
-        """The graph that ``--cudagraphs`` asks for, unless one of ``blockers`` (why -> blocks) holds; says which
-        (``<name>: <holds>`` or ``<name>: eager (<why>)``) when it was asked for."""
-        blocker = next((why for why, blocks in blockers.items() if blocks), "")
-        if cudagraphs and verbose:
-            print(f"{name}: {f'eager ({blocker})' if blocker else holds}")
-        return cls(fn, enabled=cudagraphs and not blocker, name=name, **kwargs)
 
     def __call__(self, *args: torch.Tensor) -> Tensors:
         if not self.enabled:
@@ -743,9 +672,6 @@ class CudaGraph:
             with torch.cuda.stream(side):
                 out = self.fn(*args)
             torch.cuda.current_stream().wait_stream(side)
-            if self.micro is not None and self.micro.backoffs:  # a graph cannot hold the halved micro-batches
-                self.enabled = False
-                print(f"{self.name}: eager (CUDA out of memory: --micro-batch {self.micro.rows})")
             return out
         if self.graph is None:
             self.static_args = tuple(arg.clone() for arg in args)

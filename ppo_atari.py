@@ -5,6 +5,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import ale_py  # importing it registers the ALE/<Game>-v5 ids with gymnasium
 import gymnasium as gym
 import numpy as np
 import torch
@@ -13,10 +14,10 @@ import torch.nn as nn
 import torch.optim as optim
 import tyro
 from torch.distributions import Categorical
+from tqdm import tqdm
 
 import gpu_utils
 import run_utils
-from atari_envs import EpisodeTracker, agent_view, make_envs
 
 
 @dataclass
@@ -35,9 +36,6 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     """threads stepping the ale envs (0: the run's CPU threads, at most one per env), split between the halves"""
     overlap_envs: bool = True
     """step the envs in two halves, so that one half's envs play while the policy acts on the other half's"""
-    async_envs: int = 0
-    """asynchronous envs: the policy acts on the first N envs to finish a step while the others play, and each env
-    fills its own num_steps rows of the rollout (0: off; 1 <= N < num_envs; --overlap-envs then has no effect)"""
     max_episode_frames: int = 108_000
     """emulator frames after which a game is cut short (truncated, not over); v5's 108,000 is 30 minutes"""
     channels_last: bool = True
@@ -97,9 +95,6 @@ def validate(args: Args, world_size: int) -> None:
                 args.env_threads >= 0
             ),
             "--num-envs, --num-steps, --update-epochs and --max-episode-frames must be at least 1": min(sizes) >= 1,
-            f"--async-envs {args.async_envs}: 0 (off), or a batch from 1 to --num-envs - 1 ({args.num_envs - 1})": (
-                args.async_envs == 0 or 1 <= args.async_envs < args.num_envs
-            ),
         }
     )
     batch_size = args.num_envs * args.num_steps  # per process
@@ -112,151 +107,58 @@ def validate(args: Args, world_size: int) -> None:
 
 
 # ---------------------------------------------------------------- environment
-class Rollout:
-    """The envs in two halves (one group without --overlap-envs) that take turns: the policy acts on one half's
-    observations while the other half's envs play (C++ threads). ``collect`` fills the (num_steps, num_envs) rollout
-    step by step; ``games`` holds the (score, length) of the games that ended in it."""
-
-    def __init__(self, env_groups, env_rows, seed: int, storage, pin: bool):
-        self.envs = env_groups
-        self.rows = env_rows
-        # device: obs, actions, logprobs, values (T, N) and next_obs (N); host: rewards (T, N) and dones (T + 1, N)
-        self.obs, self.actions, self.logprobs, self.values, self.next_obs, self.rewards, self.dones = storage
-        self.num_steps = self.rewards.shape[0]
-        # observations staged in pinned memory: one copy to the device per group and step
-        self.host_obs = torch.empty(self.next_obs.shape, dtype=torch.uint8, pin_memory=pin)
-        self.host_obs_np = self.host_obs.numpy()
-        self.trackers = []
-        for rows, envs in zip(env_rows, env_groups):  # env i gets seed + i
-            self.host_obs_np[rows], info = envs.reset(seed=seed + rows.start)
-            self.trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
-        self.next_obs.copy_(self.host_obs, non_blocking=True)
-        self.games = []
-
-    def collect(self, act, bootstrap, recorder=None) -> list[str]:
-        """Play num_steps steps of every env; returns the paths of the videos written. act(device obs) -> (actions,
-        log-probs, values); bootstrap(final_obs, truncated, terminated) -> gamma * V(final obs) where the frame cap
-        cut a game short, else 0."""
-        self.dones[0] = self.dones[self.num_steps]  # whether the first observation starts an episode
-        playing = collections.deque()  # (step, group) of the actions the envs are playing
-        videos = []
-        self.games = []  # (score over all lives, length) of each game that ends, in the order of (step, env)
-        for step in range(self.num_steps):
-            for group, rows in enumerate(self.rows):
-                self.obs[step, rows] = self.next_obs[rows]
-                self.actions[step, rows], self.logprobs[step, rows], self.values[step, rows] = act(self.next_obs[rows])
-                # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
-                self.envs[group].send(self.actions[step, rows].cpu().numpy())
-                playing.append((step, group))
-                if len(playing) == len(self.rows):  # the other group's envs keep playing meanwhile
-                    videos += self.receive(*playing.popleft(), bootstrap, recorder)
-        while playing:
-            videos += self.receive(*playing.popleft(), bootstrap, recorder)
-        return [video for video in videos if video]
-
-    def receive(self, step, group, bootstrap, recorder) -> list[str | None]:
-        """The envs of ``group`` finish the step they were sent: store its results in row ``step``."""
-        rows = self.rows[group]
-        self.host_obs_np[rows], reward, terminated, truncated, info = self.envs[group].recv()
-        self.next_obs[rows].copy_(self.host_obs[rows], non_blocking=True)
-        clipped, learn_done, over, scores, lengths = self.trackers[group].step(
-            reward, terminated, truncated, info["lives"]
-        )
-        self.rewards[step, rows] = clipped
-        self.dones[step + 1, rows] = learn_done
-        self.games += zip(scores[over].tolist(), lengths[over].tolist())  # received in (step, group) order
-        if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
-            self.rewards[step, rows] += bootstrap(info["final_obs"], truncated, terminated)
-        if recorder is None or group != 0:
-            return []
-        frame = info["final_obs"][0] if over[0] else self.host_obs_np[0]  # a game's last frame, not the next's first
-        return [recorder.add(agent_view(frame), bool(over[0]))]
+def make_envs(env_id: str, num_envs: int, threads: int, max_frames: int):
+    """ale-py's C++ vector env stepped by threads, with ALE v5's settings: sticky actions 0.25, the minimal action
+    set, frameskip 4 with a max-pool, 84x84 grayscale, a stack of 4 frames, 0 to 29 no-op frames and FIRE at a reset.
+    Raw rewards and game-over terminals (EpisodeTracker makes what PPO learns from); SameStep autoreset: the last
+    observation of a finished game is in info["final_obs"]."""
+    return ale_py.AtariVectorEnv(
+        gym.spec(env_id).kwargs["game"],
+        num_envs,
+        repeat_action_probability=0.25,
+        full_action_space=False,
+        num_threads=min(threads, num_envs),
+        autoreset_mode="SameStep",
+        frameskip=4,
+        maxpool=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        noop_max=30,
+        use_fire_reset=True,
+        episodic_life=False,
+        life_loss_info=False,
+        reward_clipping=False,
+        max_num_frames_per_episode=max_frames,
+    )
 
 
-class AsyncRollout:
-    """--async-envs: one vector env of N envs whose recv() hands back the first B to finish a step (make_envs with
-    batch_size B), so the policy acts on those B while the other N - B play. Each env fills its own column of the
-    (num_steps, N) rollout in the order it played, with its done flags, so compute_gae runs on it unchanged. ale-py's
-    send() acts on exactly the envs of the last recv(), so N - B envs always play: the steps of full columns and
-    those acted on by the previous policy are played but not stored (``discarded``: their share). Why, and what it
-    costs: docs/ppo_atari.md#asynchronous-envs. ``games``: (score, length) of the games that ended, stored or not.
-    """
+class EpisodeTracker:
+    """Full-game accounting, as CleanRL's EpisodicLifeEnv, ClipRewardEnv and RecordEpisodeStatistics do one env at a
+    time. ``step`` returns rewards clipped to [-1, 1], the learning dones (a lost life is one), which games ended
+    (terminated or truncated), and every env's raw score over all lives and length in agent steps so far."""
 
-    def __init__(self, envs, seed: int, storage):
-        self.envs = envs
-        # device: obs, actions, logprobs, values (T, N) and next_obs (N); host: rewards (T, N) and dones (T + 1, N)
-        self.obs, self.actions, self.logprobs, self.values, self.next_obs, self.rewards, self.dones = storage
-        self.num_steps = self.rewards.shape[0]
-        num_envs = envs.num_envs
-        self.held_obs, info = envs.reset(seed=seed)  # env i gets seed + i; the first B resets come back here
-        self.held_ids = info["env_id"]
-        self.tracker = EpisodeTracker(num_envs, np.zeros(num_envs, dtype=info["lives"].dtype))
-        self.tracker.lives[self.held_ids] = info["lives"]  # the others' lives come with their resets from recv()
-        self.playing = np.zeros(num_envs, dtype=bool)  # an action is in flight
-        self.storing = np.zeros(num_envs, dtype=bool)  # and its step goes to row count[e] of the rollout
-        self.count = np.zeros(num_envs, dtype=np.int64)  # steps stored this rollout
-        self.obs_done = np.zeros(num_envs, dtype=np.float32)  # the latest observation starts a new episode
-        self.games = []
-        self.discarded = 0.0
+    def __init__(self, num_envs: int, lives: np.ndarray):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.lives = np.array(lives)
 
-    def collect(self, act, bootstrap, recorder=None) -> list[str]:
-        """Play until every env has stored num_steps steps; returns the paths of the videos written. act(device obs)
-        -> (actions, log-probs, values); bootstrap(final_obs, truncated, terminated) -> gamma * V(final obs) where the
-        frame cap cut a game short, else 0."""
-        device = self.obs.device
-        self.count[:] = 0  # the steps still in flight were sent when their envs' columns were full: none is stored
-        self.games = []
-        videos = []
-        played = 0
-        while True:
-            ids = self.held_ids
-            x = torch.as_tensor(self.held_obs).to(device)
-            action, logprob, value = act(x)
-            self.envs.send(action.cpu().numpy())
-            self.playing[ids] = True
-            self.storing[ids] = self.count[ids] < self.num_steps
-            keep = np.flatnonzero(self.storing[ids])
-            env = ids[keep]
-            row = self.count[env]
-            first = env[row == 0]
-            self.dones[0, first] = self.obs_done[first]  # whether an env's first stored observation starts an episode
-            at_row, at_env, pick = torch.as_tensor(np.stack([row, env, keep])).to(device)  # one copy to the device
-            for storage, new in zip((self.obs, self.actions, self.logprobs, self.values), (x, action, logprob, value)):
-                storage[at_row, at_env] = new[pick]
-            obs, reward, terminated, truncated, info = self.envs.recv()
-            ids = info["env_id"]
-            self.held_obs, self.held_ids = obs, ids
-            fresh = ~self.playing[ids]  # a reset's first observation, not a step
-            self.tracker.lives[ids[fresh]] = info["lives"][fresh]
-            done = np.flatnonzero(~fresh)
-            env = ids[done]
-            self.playing[env] = False
-            played += len(done)
-            clipped, learn_done, over, scores, lengths = self.tracker.step(
-                reward[done], terminated[done], truncated[done], info["lives"][done], rows=env
-            )
-            self.obs_done[env] = learn_done
-            self.games += zip(scores[over].tolist(), lengths[over].tolist())
-            if recorder is not None and (env == 0).any():
-                k = int(np.argmax(env == 0))
-                frame = info["final_obs"][done[k]] if over[k] else obs[done[k]]  # a game's last frame, not the next's
-                videos.append(recorder.add(agent_view(frame), bool(over[k])))
-            stored = np.flatnonzero(self.storing[env])
-            env, pos = env[stored], done[stored]
-            row = self.count[env]
-            self.rewards[row, env] = clipped[stored]
-            if truncated[pos].any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
-                self.rewards[row, env] += bootstrap(info["final_obs"][pos], truncated[pos], terminated[pos])
-            self.dones[row + 1, env] = learn_done[stored]
-            self.count[env] += 1
-            self.storing[env] = False
-            full = self.count[env] == self.num_steps
-            if full.any():  # the observation after the env's last stored step: GAE bootstraps from its value
-                self.next_obs[torch.as_tensor(env[full], device=device)] = torch.as_tensor(obs[pos[full]]).to(device)
-            if (self.count == self.num_steps).all():
-                break
-        self.discarded = 1.0 - self.count.sum() / max(played, 1)
-        return [video for video in videos if video]
+    def step(self, rewards, terminated, truncated, lives):
+        game_over = terminated | truncated
+        life_lost = (lives < self.lives) & ~game_over
+        self.lives = np.array(lives)  # after a game over these are the new game's lives (SameStep reset)
+        scores = self.returns + rewards
+        lengths = self.lengths + 1
+        self.returns = np.where(game_over, 0.0, scores)
+        self.lengths = np.where(game_over, 0, lengths)
+        clipped = np.clip(rewards, -1, 1).astype(np.float32)
+        return clipped, game_over | life_lost, game_over, scores, lengths
+
+
+def agent_view(obs: np.ndarray) -> np.ndarray:
+    """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a video."""
+    return np.repeat(np.repeat(obs[-1], 2, 0), 2, 1)[..., None].repeat(3, -1)
 
 
 # ---------------------------------------------------------------- network
@@ -292,7 +194,7 @@ class Agent(nn.Module):
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
 
-# ---------------------------------------------------------------- algorithm
+# ---------------------------------------------------------------- algorithm: GAE, the loss, the time-limit bootstrap
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns (advantages, returns)."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
@@ -304,16 +206,17 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
-def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
+def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: Args):
     """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, statistics by
     name), each a mean over the rows."""
+    clip_coef = args.clip_coef
     logits, newvalue = agent(obs)
     logp_all = torch.log_softmax(logits, -1)
     entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
     logratio = logp_all.gather(-1, actions[:, None]).squeeze(-1) - logprobs
     ratio = logratio.exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-    if clip_vloss:
+    if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
     else:
@@ -328,7 +231,7 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
             "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
             "ratio_mse": ((ratio - 1) ** 2).mean(),  # the first minibatch's must be 0: the rollout and the loss agree
         }
-    return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
+    return pg_loss - args.ent_coef * entropy + v_loss * args.vf_coef, stats
 
 
 @torch.no_grad()
@@ -339,15 +242,6 @@ def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
     if len(cut):
         values[cut] = agent(torch.as_tensor(np.asarray(final_obs)[cut], device=device))[1].cpu().numpy()
     return values
-
-
-# ---------------------------------------------------------------- checkpoint and evaluation
-def load_checkpoint(path: str, training: bool = False) -> dict:
-    """A checkpoint.pt or .model file this script wrote (run_utils.load_checkpoint; older files of another script
-    have no ALE/<Game>-v5 env id)."""
-    return run_utils.load_checkpoint(
-        path, "ppo_atari", lambda args: str(args.get("env_id")).startswith("ALE/"), training
-    )
 
 
 @torch.no_grad()
@@ -364,6 +258,7 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
     return first_scores
 
 
+
 if __name__ == "__main__":
     # ---------------- arguments and their checks
     run_utils.stop_in_one_line()  # until the run starts
@@ -374,18 +269,18 @@ if __name__ == "__main__":
     distributed = world_size > 1
     is_main = rank == 0
     with run_utils.one_line_errors():
-        ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
+        ckpt = run_utils.load_checkpoint(args.resume, "ppo_atari", training=True) if args.resume else None
         if ckpt:
             run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
             if len(ckpt["rng"]) != world_size:
                 raise ValueError(f"the checkpoint is from {len(ckpt['rng'])} processes; resume with as many")
-        eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
+        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "ppo_atari") if args.eval_checkpoint else None
         args.env_id = eval_ckpt["args"]["env_id"] if eval_ckpt else args.env_id
         validate(args, world_size)
-        batch_size = args.num_envs * args.num_steps  # per process
         micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, args.minibatch_size))
         device, device_why = run_utils.select_device(args)
         threads = gpu_utils.thread_budget(args.num_threads)
+    batch_size = args.num_envs * args.num_steps  # per process
     args.batch_size = batch_size * world_size
     args.num_iterations = args.total_timesteps // args.batch_size
     run_utils.exit_if_done(ckpt, args.num_iterations, args.resume, is_main)
@@ -393,41 +288,44 @@ if __name__ == "__main__":
     # ---------------- device, threads, seeds
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
-    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
-    env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)  # shared by the two halves of the envs
     if distributed:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
     run_utils.seed(args.seed, offset=rank)  # the same model in every process; the rest differs by rank
     if eval_ckpt:
-        envs = make_envs(args, args.eval_episodes, threads.threads)
+        envs = make_envs(args.env_id, args.eval_episodes, threads.threads, args.max_episode_frames)
         agent = Agent(envs.single_action_space.n, args.amp).to(device)
         run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
         scores = evaluate(envs, lambda x: Categorical(logits=agent(x)[0]).sample(), device, args.seed)
         run_utils.end_evaluation(args.env_id, scores)
+    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
+    env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)  # shared by the two halves of the envs
     # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on the other half's
-    num_groups = 2 if args.overlap_envs and args.num_envs >= 2 and not args.async_envs else 1
+    num_groups = 2 if args.overlap_envs and args.num_envs >= 2 else 1
     bounds = [g * args.num_envs // num_groups for g in range(num_groups + 1)]
     env_rows = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
+    total_steps = args.num_iterations * args.batch_size
     if is_main:
         processes = f"; {world_size} processes" if distributed else ""
         halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
-        if args.async_envs:
-            halves = f"one group; the policy acts on the first {args.async_envs} to finish (--overlap-envs: no effect)"
         stepping = f"{env_threads} stepping the {args.num_envs} envs in {halves}"
         run_utils.print_device(device, device_why + processes, tf32, args.amp, cpu_share, stepping)
-        run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, {}, "config:")
+        run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps=total_steps)
 
     # ---------------- logging
     start_step = ckpt["global_step"] if ckpt else 0
-    total_steps = args.num_iterations * args.batch_size
+    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
     with run_utils.one_line_errors():  # another process may be training in this run folder
-        run = run_utils.Run(args, "ppo_atari", run_name, ckpt, device, cpu_share, total_steps, start_step, is_main, 10)
+        run_dir = run_utils.run_folder(run_name, args.resume, is_main)
+        writer = run_utils.open_logs(run_dir, args, device, start_step, ckpt and ckpt["wandb_id"]) if is_main else None
+    pbar = tqdm(total=total_steps, initial=start_step, disable=not (args.progress_bar and is_main), unit_scale=True)
+    monitor = gpu_utils.GPUMonitor(device).start()
 
-    # ---------------- env and network
-    group_threads = max(1, env_threads // num_groups)
-    env_groups = [make_envs(args, rows.stop - rows.start, group_threads, args.async_envs) for rows in env_rows]
+    # ---------------- envs and network
+    env_groups = [
+        make_envs(args.env_id, rows.stop - rows.start, max(1, env_threads // num_groups), args.max_episode_frames)
+        for rows in env_rows
+    ]
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     agent = Agent(env_groups[0].single_action_space.n, args.amp).to(device, memory_format=memory_format)
     params = list(agent.parameters())
@@ -438,8 +336,7 @@ if __name__ == "__main__":
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
-        states = {"model": agent, "optimizer": optimizer}
-        run_utils.resume_states(states, ckpt, args.resume, device, args.num_iterations, rank)
+        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume, device=device, rank=rank)
 
     @torch.no_grad()
     def policy_step(x):
@@ -448,16 +345,8 @@ if __name__ == "__main__":
         action = (logits - (-torch.rand_like(logits).log()).log()).argmax(-1)  # Gumbel-max sample, no host sync
         return action, logp_all.gather(-1, action[:, None]).squeeze(-1), value
 
-    captured = "loss" if use_graph else ""  # the update's own graph holds the loss's kernels
-    policy_step, loss_fn = gpu_utils.compile_steps(
-        policy_step, ppo_loss, args.compile, args.cudagraphs, captured, is_main
-    )
-
-    def bootstrap(final_obs, truncated, terminated):  # gamma * V(last obs) of the games the frame cap cut short
-        return args.gamma * final_values(agent, final_obs, truncated, terminated, device)
-
-    def mb_loss(*data):  # the loss of the rows of one (micro-)batch
-        return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
+    policy_step = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
+    loss_fn = torch.compile(ppo_loss) if args.compile or args.cudagraphs else ppo_loss
 
     # ---------------- storage: the rollout on the device; rewards and dones on the host, moved once per iteration
     obs_shape = env_groups[0].single_observation_space.shape
@@ -471,50 +360,83 @@ if __name__ == "__main__":
     returns = torch.zeros((args.num_steps, args.num_envs), device=device)
     next_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, device=device)
     # flat views of the storage: the update gathers its minibatches from the same addresses every iteration
-    b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
-        x.reshape((batch_size,) + x.shape[2:]) for x in (obs, actions, logprobs, advantages, returns, values)
+    b_obs = obs.view((batch_size,) + obs_shape)
+    b_actions = actions.view(-1)
+    b_logprobs = logprobs.view(-1)
+    b_values = values.view(-1)
+    b_advantages = advantages.view(-1)
+    b_returns = returns.view(-1)
+    pin = device.type == "cuda"  # pinned host memory: one asynchronous copy to the device
+    host_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
+    host_obs_np = host_obs.numpy()  # the envs write their observations here
+    host_rewards = torch.zeros((args.num_steps, args.num_envs), pin_memory=pin)
+    host_dones = torch.zeros((args.num_steps + 1, args.num_envs), pin_memory=pin)  # dones[t]: obs[t] starts a game
+    rollout_bytes = sum(t.nbytes for t in (obs, actions, logprobs, values)) * 3 // 2
+    memory = gpu_utils.estimate_memory(
+        agent,
+        batch_bytes=args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4),
+        rollout_bytes=rollout_bytes,
+        example_input=obs[0, :2],
+        batch_size=args.minibatch_size,
+        cudagraphs=use_graph,
     )
-    pin = device.type == "cuda"
-    # dones[t] = 1 when obs[t] starts a new episode; dones[num_steps]: the next rollout's first
-    host_rewards = torch.zeros((args.num_steps, args.num_envs), dtype=torch.float32, pin_memory=pin)
-    host_dones = torch.zeros((args.num_steps + 1, args.num_envs), dtype=torch.float32, pin_memory=pin)
-    rollout_bytes = sum(t.numel() * t.element_size() for t in (obs, actions, logprobs, values)) * 3 // 2
-    mb_bytes = args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4)
-    est = gpu_utils.estimate_memory(
-        agent, "adam", mb_bytes, rollout_bytes, None, obs[0, :2], args.minibatch_size, use_graph
-    )
-    run.note_estimate(est, global_step)
+    if is_main:
+        print(memory)
+        writer.add_scalar("memory/estimated_mib", memory.total / 2**20, start_step)
 
-    def update_step(mb):
-        """One minibatch step on the rows `mb` (loss, backward, clipping, Adam), with no host sync: --cudagraphs
-        captures it as one CUDA graph."""
+    def receive(step: int, group: int) -> None:
+        """The envs of ``group`` finish the step they were sent: store its results in row ``step``."""
+        rows = env_rows[group]
+        host_obs_np[rows], reward, terminated, truncated, info = env_groups[group].recv()
+        next_obs[rows].copy_(host_obs[rows], non_blocking=True)
+        clipped, learn_done, over, scores, lengths = trackers[group].step(reward, terminated, truncated, info["lives"])
+        host_rewards[step, rows] = torch.from_numpy(clipped)
+        host_dones[step + 1, rows] = torch.from_numpy(learn_done)
+        games.extend(zip(scores[over].tolist(), lengths[over].tolist()))
+        if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+            cut = final_values(agent, info["final_obs"], truncated, terminated, device)
+            host_rewards[step, rows] += torch.from_numpy(args.gamma * cut)
+        if recorder is not None and group == 0:  # a game's last frame, not the next game's first
+            frame = info["final_obs"][0] if over[0] else host_obs_np[0]
+            run_utils.log_video(recorder.add(agent_view(frame), bool(over[0])))
+
+    def update_step(mb_inds):
+        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward, clipping, Adam. No host
+        sync, so that --cudagraphs captures it as one CUDA graph."""
         optimizer.zero_grad(set_to_none=True)
-        mb_advantages = b_advantages[mb]
+        mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-        data = (b_obs[mb], b_actions[mb], b_logprobs[mb], mb_advantages, b_returns[mb], b_values[mb])
-        stats = gpu_utils.accumulate_gradients(mb_loss, data, micro, params)
+        stats = {}
+        for start in range(0, len(mb_inds), micro.rows):  # the micro-batches' gradients add up to the minibatch's
+            mb = mb_inds[start : start + micro.rows]
+            mb_adv = mb_advantages[start : start + micro.rows]
+            loss, mb_stats = loss_fn(agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb], b_values[mb], args)
+            weight = len(mb) / len(mb_inds)
+            (loss * weight).backward()
+            stats = {name: stats.get(name, 0) + value * weight for name, value in mb_stats.items()}
         if distributed:  # average gradients over processes, one flat all_reduce per minibatch
             gpu_utils.all_reduce_gradients(params, world_size)
         nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         optimizer.step()
         return stats
 
-    blockers = {"torchrun: the gradients' all_reduce runs between backward and Adam": distributed}
-    blockers[f"--micro-batch {micro.rows} splits the minibatch's {args.minibatch_size} rows"] = not use_graph
-    holds = "one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
-    update_step = gpu_utils.CudaGraph.requested(
-        update_step, args.cudagraphs, blockers, "update", holds, is_main, micro=micro
-    )
+    update_step = gpu_utils.CudaGraph(update_step, enabled=use_graph, name="update")
+    if args.cudagraphs and not use_graph and is_main:
+        print("update: eager (torchrun's all_reduce, or --micro-batch splitting the minibatch, cannot be captured)")
 
     # ---------------- training loop
     env_seed = (args.seed * 10_000 + (start_iteration - 1) * 7919) % 2**30 + rank * args.num_envs  # new games on resume
-    storage = (obs, actions, logprobs, values, next_obs, host_rewards.numpy(), host_dones.numpy())
-    if args.async_envs:  # one vector env that hands back the first envs to finish; it resets them itself
-        rollout = AsyncRollout(env_groups[0], env_seed, storage)
-    else:
-        rollout = Rollout(env_groups, env_rows, env_seed, storage, pin)
-    recorder = run_utils.VideoRecorder(run.video_folder, fps=15) if args.capture_video and is_main else None
+    trackers = []
+    for rows, envs in zip(env_rows, env_groups):  # env i gets seed + i
+        host_obs_np[rows], info = envs.reset(seed=env_seed + rows.start)
+        trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
+    next_obs.copy_(host_obs, non_blocking=True)
+    games = []  # (score over all lives, length) of each game that ended in this rollout, in the order of (step, env)
+    recent_scores = collections.deque(maxlen=20)
+    recorder = run_utils.VideoRecorder(run_dir, start_step, fps=15) if args.capture_video and is_main else None
+    stop = run_utils.stop_on_signals(is_main)
+    started = time.time()
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()
@@ -522,8 +444,20 @@ if __name__ == "__main__":
         if args.anneal_lr:
             lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
         learning_rate.fill_(lr_now)
-        for video in rollout.collect(policy_step, bootstrap, recorder):  # the videos of env 0 it wrote
-            run.log_video(video)
+        host_dones[0] = host_dones[args.num_steps]  # whether the first observation starts a game
+        games.clear()
+        playing = collections.deque()  # (step, group) of the actions the envs are playing
+        for step in range(args.num_steps):
+            for group, rows in enumerate(env_rows):
+                obs[step, rows] = next_obs[rows]
+                actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
+                # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
+                env_groups[group].send(actions[step, rows].cpu().numpy())
+                playing.append((step, group))
+                if len(playing) == num_groups:  # the other group's envs keep playing meanwhile
+                    receive(*playing.popleft())
+        while playing:
+            receive(*playing.popleft())
         global_step += args.batch_size
 
         # ---------------- advantages
@@ -541,8 +475,7 @@ if __name__ == "__main__":
             b_inds = torch.randperm(batch_size, device=device)
             stats = None  # the sums over the epoch's minibatches, then their means
             for start in range(0, batch_size, args.minibatch_size):
-                mb_stats = update_step(b_inds[start : start + args.minibatch_size])
-                run.report_micro_batch(micro, global_step)
+                mb_stats = gpu_utils.halve_on_oom(update_step, micro, b_inds[start : start + args.minibatch_size])
                 if first_ratio_mse is None:  # cloned: a captured graph overwrites its outputs
                     first_ratio_mse = mb_stats["ratio_mse"].clone()
                 stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
@@ -559,20 +492,28 @@ if __name__ == "__main__":
         del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
         stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
-        stop_now = torch.tensor([float(bool(run.stop))], device=device)
+        stop_now = torch.tensor([float(bool(stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
         # whether the weights are finite rides along, checked before a checkpoint could save them (all processes agree)
-        pulled = torch.stack([*stats.values(), stop_now[0], run_utils.weights_finite(params)]).tolist()
-        *losses, stopping, finite = pulled
+        *losses, stopping, finite = torch.stack([*stats.values(), stop_now[0], run_utils.weights_finite(params)]).tolist()
         diverged = not finite
-        for score, length in rollout.games:
-            run.log_episode(score, length, global_step)
-        scalars = {"charts/learning_rate": lr_now} | {f"losses/{name}": value for name, value in zip(stats, losses)}
-        if args.async_envs:  # the share of the steps played that the update did not get
-            scalars["charts/discarded_steps"] = rollout.discarded
-        seconds = time.perf_counter() - iteration_start
-        run.log_window(iteration, args.num_iterations, global_step, args.batch_size, seconds, scalars)
+        sps = args.batch_size / (time.perf_counter() - iteration_start)
+        recent_scores.extend(score for score, _ in games)
+        if is_main:
+            for score, length in games:
+                writer.add_scalar("charts/episodic_return", score, global_step)
+                writer.add_scalar("charts/episodic_length", length, global_step)
+            writer.add_scalar("charts/learning_rate", lr_now, global_step)
+            for name, value in zip(stats, losses):
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("memory/micro_batch", micro.rows, global_step)
+            if iteration > start_iteration:  # the first iteration is warm-up (compilation, capture)
+                writer.add_scalar("charts/SPS", sps, global_step)
+        run_utils.log_machine(writer, global_step, cpu_share, monitor)
+        score_text = f"return {np.mean(recent_scores):.1f}" if recent_scores else "return -"
+        printed = iteration % 10 == 0 or iteration == args.num_iterations  # without a progress bar
+        run_utils.show_progress(pbar, global_step, sps, score_text, f"iteration {iteration}/{args.num_iterations}" if printed else None)
         if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
             break
         finished = iteration == args.num_iterations
@@ -580,21 +521,35 @@ if __name__ == "__main__":
             rng = [gpu_utils.rng_state(device)] * world_size
             if distributed:  # every process's RNG state goes into rank 0's file, so each continues its own on --resume
                 dist.all_gather_object(rng, rng[0])
-            state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), rng=rng)
-            run.checkpoint(state | dict(iteration=iteration, global_step=global_step), finished, bool(stopping))
+            if is_main:
+                run_utils.save_checkpoint(
+                    os.path.join(run_dir, "checkpoint.pt"),
+                    script="ppo_atari",
+                    args=vars(args),
+                    run_name=os.path.basename(run_dir),
+                    status="finished" if finished else "stopped" if stopping else "running",
+                    wandb_id=run_utils.wandb_id(ckpt and ckpt["wandb_id"]),
+                    model=agent.state_dict(),
+                    optimizer=optimizer.state_dict(),
+                    rng=rng,
+                    iteration=iteration,
+                    global_step=global_step,
+                )
         if stopping:
             break
 
     # ---------------- end of the run
-    if not diverged and iteration == args.num_iterations:
-        run.save_model(dict(model=agent.state_dict()))
+    if args.save_model and is_main and not diverged and iteration == args.num_iterations:
+        model_path = os.path.join(run_dir, f"{args.exp_name}.model")
+        if run_utils.save_checkpoint(model_path, script="ppo_atari", args=vars(args), model=agent.state_dict()):
+            print(f"model saved to {model_path}")
     if recorder is not None:  # the game it was recording when the run ended or stopped
-        run.log_video(recorder.close())
-    run.close(global_step, diverged)
+        run_utils.log_video(recorder.close())
+    pbar.close()
     for envs in env_groups:
         envs.close()
     if distributed:
         # wait for rank 0's files: exiting right after the last collective aborts in gloo's threads at shutdown
         dist.barrier()
         dist.destroy_process_group()
-    run.exit(diverged, global_step)
+    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)

@@ -251,19 +251,24 @@ def new_run_name(env: str, args) -> str:
     return f"{env.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
 
-def print_config(args, given: dict, from_checkpoint: bool, runtime_flags: set, sources: dict, header: str) -> None:
+def print_config(
+    args, given: dict, resumed: bool, runtime_flags: set, total_steps: int, sources: dict | None = None
+) -> None:
     """Print the settings that define the run (not how or where it runs), each with where its value came from:
-    the checkpoint, ``sources`` (a preset, say), derived from others, the command line, or the default."""
+    the checkpoint, ``sources`` (a preset, say), derived from others, the command line, or the default; and say
+    when --total-timesteps is rounded down to ``total_steps``, whole iterations (as CleanRL's scripts do, but said)."""
     defaults = type(args)()
-    print(header)
+    print("config:")
     for key, value in vars(args).items():
         if key in runtime_flags or key not in given:
             continue
-        source = sources.get(key) or ("checkpoint" if from_checkpoint else "")
+        source = (sources or {}).get(key) or ("checkpoint" if resumed else "")
         if not source:
             typed = "default" if given[key] == getattr(defaults, key) else "command line"
             source = typed if value == given[key] else "derived"
         print(f"  {key:<26} {value!s:<18} ({source})")
+    if total_steps < args.total_timesteps:
+        print(f"note: {total_steps:,} steps: --total-timesteps rounded down to whole iterations")
 
 
 def resume_command(path: str) -> str:
@@ -326,18 +331,13 @@ def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
     return ckpt
 
 
-def load_checkpoint(path: str, script: str, owns: Callable[[dict], bool], training: bool = False) -> dict:
-    """A checkpoint.pt or .model file that ``script`` wrote; ``training``: it must hold what --resume needs.
-    ``owns(args)`` tells this script's files from another's among those written before checkpoints named their
-    script."""
+def load_checkpoint(path: str, script: str, training: bool = False) -> dict:
+    """A checkpoint.pt or .model file that ``script`` wrote; ``training``: it must hold what --resume needs."""
     ckpt = read_checkpoint(path, script)
-    written_by = ckpt.get("script", script)
+    written_by = ckpt.get("script")
     if written_by != script:
-        raise CheckpointError(
-            f"{path!r} was written by {written_by}.py, not {script}.py; use a checkpoint {script}.py wrote"
-        )
-    if not owns(ckpt["args"]):
-        raise CheckpointError(f"{path!r} is another script's checkpoint; use one {script}.py wrote")
+        by = f"was written by {written_by}.py" if written_by else "names no script"
+        raise CheckpointError(f"{path!r} {by}, not {script}.py; use a checkpoint {script}.py wrote")
     if training and not TRAINING_KEYS <= set(ckpt):
         raise CheckpointError(f"{path!r} holds no training state (a --save-model file?); resume from a checkpoint.pt")
     return ckpt
@@ -371,24 +371,11 @@ def exit_if_done(ckpt: dict | None, num_iterations: int, path: str | None, is_ma
     sys.exit(0)
 
 
-def save_checkpoint(path: str | os.PathLike, **state) -> None:
-    """Write atomically: an interrupted save keeps the previous checkpoint. One that fails (a full disk) leaves no
-    partial file and raises an ``OSError`` that names ``path``."""
-    tmp = f"{path}.tmp"
-    try:
-        torch.save(state, tmp)
-    except (OSError, RuntimeError) as exc:  # torch reports a failed write as a RuntimeError of its C++ stream
-        Path(tmp).unlink(missing_ok=True)
-        reason = gpu_utils.first_line(exc, 120)
-        kept = "the previous one is kept" if os.path.exists(path) else "none was written"
-        raise OSError(f"cannot write {path} ({reason}; is the disk full?); {kept}") from None
-    os.replace(tmp, path)
-
-
-def load_states(modules: dict, ckpt: dict, path: str) -> None:
+def load_states(modules: dict, ckpt: dict, path: str, device: torch.device | None = None, rank: int = 0) -> None:
     """Load a checkpoint's states into ``modules`` (key -> module, optimizer or env), or exit with one line when
-    they do not fit. An optimizer keeps this run's learning rate tensor and its implementation flags (``capturable``,
-    ``fused``...): they follow the device, so a CPU checkpoint can resume with --cudagraphs and back."""
+    they do not fit; with ``device`` (--resume) this process's random state too, and say so once. An optimizer keeps
+    this run's learning rate tensor and its implementation flags (``capturable``, ``fused``...): they follow the
+    device, so a CPU checkpoint can resume with --cudagraphs and back."""
     try:
         for key, module in modules.items():
             own = [dict(group) for group in getattr(module, "param_groups", [])]
@@ -397,20 +384,12 @@ def load_states(modules: dict, ckpt: dict, path: str) -> None:
                 kept = ("lr", "capturable", "fused", "foreach", "differentiable")
                 group.update({name: mine[name] for name in kept if name in mine})
     except (RuntimeError, ValueError, KeyError) as exc:
-        reason = gpu_utils.first_line(exc, 120)
-        print(f"error: {path!r} does not fit the network/env ({reason})", file=sys.stderr)
+        print(f"error: {path!r} does not fit the network/env ({gpu_utils.first_line(exc, 120)})", file=sys.stderr)
         sys.exit(2)
-
-
-def resume_states(
-    modules: dict, ckpt: dict, path: str, device: torch.device, num_iterations: int, rank: int = 0, note: str = ""
-) -> None:
-    """``--resume``: load the checkpoint's states into ``modules`` (:func:`load_states`) and this process's random
-    state (each process of a torchrun job continues its own noise and shuffles), and say so once."""
-    load_states(modules, ckpt, path)
-    gpu_utils.set_rng_state(ckpt["rng"][rank], device)
-    if rank == 0:
-        print(f"resumed {path} at step {ckpt['global_step']} (iteration {ckpt['iteration']}/{num_iterations}){note}")
+    if device is not None:
+        gpu_utils.set_rng_state(ckpt["rng"][rank], device)
+        if rank == 0:
+            print(f"resumed {path} at step {ckpt['global_step']} (iteration {ckpt['iteration']})")
 
 
 def weights_finite(params) -> torch.Tensor:
@@ -425,9 +404,11 @@ def mark_diverged(path: str) -> str:
     if not os.path.exists(path):
         return "no checkpoint had been written yet"
     try:
-        save_checkpoint(path, **(read_checkpoint(path) | dict(status="diverged")))
-    except (OSError, ValueError) as exc:
+        ckpt = read_checkpoint(path)
+    except ValueError as exc:
         return f"{path} could not be marked diverged ({gpu_utils.first_line(exc, 120)})"
+    if not save_checkpoint(path, **(ckpt | dict(status="diverged"))):
+        return f"{path} could not be marked diverged"
     return f"{path} keeps the last finite ones"
 
 
@@ -493,225 +474,150 @@ def run_is_live(run_dir: str | os.PathLike) -> bool:
     return False
 
 
-# ---------------------------------------------------------------- the run
-class Run:
-    """One training run's lifecycle; every process of a torchrun job makes one, and only the main process writes.
-    At start: the stop signals (SIGINT and SIGTERM finish the iteration, then checkpoint), ``runs/<name>`` and its
-    lock, W&B with --track, TensorBoard, a progress bar and the GPU monitor. Then ``log_window`` per log window,
-    ``checkpoint``, ``save_model``, and at the end ``close`` and ``exit``."""
+# ---------------------------------------------------------------- the run: its folder, logs, stop flag and end
+STOP: list[str] = []
+"""The stop signals received since ``stop_on_signals``: a run stops after the iteration in which this list fills."""
 
-    def __init__(
-        self,
-        args,
-        script: str,
-        name: str,
-        ckpt: dict | None,
-        device: torch.device,
-        cpu_share: gpu_utils.CpuShare,
-        total_steps: int,
-        start_step: int,
-        is_main: bool = True,
-        print_every: int = 1,
-    ) -> None:
-        self.args = args
-        self.script = script
-        self.name = new_run_dir(name) if is_main and not ckpt else name  # its folder made now
-        self.dir = (os.path.dirname(args.resume) or ".") if ckpt else os.path.join("runs", self.name)  # any folder
-        videos = os.path.join(os.path.dirname(os.path.dirname(self.dir)), "videos", self.name)  # beside runs/
-        # a resumed leg's videos in a folder of their own: its games count from 0 again, and must not overwrite
-        self.video_folder = os.path.join(videos, f"resumed-at-step-{start_step}") if ckpt else videos
-        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
-        self.device = device
-        self.cpu_share = cpu_share
-        self.total_steps = total_steps
-        self.is_main = is_main
-        self.print_every = print_every  # iterations between progress lines when there is no progress bar
-        self.stop: list[str] = []  # the signal that asked to stop
-        on_stop_signals(self._on_stop_signal)
-        if isinstance(sys.stdout, StdoutGuard):  # a closed stdout stops the run as a signal does; the list's method,
-            # not a lambda holding the Run: sys.stdout outlives the objects it would keep, nanobind reports them at exit
-            sys.stdout.on_close = functools.partial(self.stop.append, "a closed stdout")
-        self.writer = None
-        self.wandb = None
-        self.wandb_id = ckpt.get("wandb_id") if ckpt else None  # kept by a leg without --track, for the next with it
-        if is_main:
-            self._lock = lock_run_dir(self.dir)  # one writer per run folder: a second --resume of a live run stops
-            if args.track:
-                import wandb
 
-                self.wandb = wandb
-                wandb.init(
-                    project=args.wandb_project_name,
-                    entity=args.wandb_entity,
-                    sync_tensorboard=True,
-                    config=vars(args),
-                    name=name,
-                    save_code=True,
-                    monitor_gym=True,
-                    resume="allow",
-                    id=self.wandb_id,
-                )
-            try:
-                # checked first: else TensorBoard's writer thread fails too, with a traceback of its own
-                if not os.access(self.dir, os.W_OK):
-                    raise PermissionError(errno.EACCES, "not writable")
-                self.writer = SummaryWriter(self.dir)
-            except OSError as exc:  # a read-only copy of a run, say
-                raise ValueError(
-                    f"cannot write the run's logs in {self.dir} ({exc.strerror}); use a writable copy"
-                ) from None
-            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-            self.writer.add_text("device", gpu_utils.device_label(device), start_step)  # a resumed run may move
-        if is_main and total_steps < args.total_timesteps:  # as CleanRL's scripts do, but said
-            print(f"note: {total_steps:,} steps: --total-timesteps rounded down to whole iterations")
-        show = args.progress_bar and is_main
-        self.pbar = tqdm(total=total_steps, initial=start_step, disable=not show, unit_scale=True)
-        self.monitor = gpu_utils.GPUMonitor(device).start()
-        self.estimate: gpu_utils.MemoryEstimate | None = None
-        self.windows: list[tuple[int, float]] = []  # (env steps, seconds) of each log window; the first is warm-up
-        self.recent_returns: list[float] = []
-        self.start_time = time.time()
+def stop_on_signals(is_main: bool = True) -> list[str]:
+    """From now on SIGINT, SIGTERM, SIGHUP and a closed stdout ask the run to stop after this iteration, with a
+    checkpoint, instead of ending the process; returns the list that fills with their names (``STOP``)."""
 
-    def _on_stop_signal(self, signum: int, frame) -> None:
-        """Stop after this iteration, with a checkpoint; say so at once, as an iteration can take minutes."""
+    def on_signal(signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        if not self.stop and self.is_main:  # os.write: a print here could re-enter one the signal interrupted
+        if not STOP and is_main:  # os.write: a print here could re-enter one the signal interrupted
             os.write(2, f"{name}: stopping after this iteration, with a checkpoint\n".encode())
-        self.stop.append(name)
+        STOP.append(name)
 
-    def log(self, scalars: dict, step: int) -> None:
-        """Write scalars to TensorBoard (and so to W&B)."""
-        if self.writer is not None:
-            for key, value in scalars.items():
-                self.writer.add_scalar(key, value, step)
+    on_stop_signals(on_signal)
+    if isinstance(sys.stdout, StdoutGuard):  # the list's method, not a closure: sys.stdout outlives the run
+        sys.stdout.on_close = functools.partial(STOP.append, "a closed stdout")
+    return STOP
 
-    def log_episode(self, episodic_return: float, length: int, step: int) -> None:
-        """Log one finished episode; the progress shows the mean of the last 20."""
-        self.log({"charts/episodic_return": episodic_return, "charts/episodic_length": length}, step)
-        self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
 
-    def log_video(self, path: str | None) -> None:
-        """Send a video that a VideoRecorder wrote to W&B (TensorBoard does not show mp4 files)."""
-        if path and self.wandb is not None:
-            self.wandb.log({"videos": self.wandb.Video(path)}, commit=False)
+def run_folder(run_name: str, resume: str | None, is_main: bool = True) -> str:
+    """The run's folder: a resumed run's is its checkpoint's, a new one's is made as runs/<run_name>. The main process
+    holds its lock while it lives, so no second process writes into a live run."""
+    if resume:
+        run_dir = os.path.dirname(resume) or "."
+    elif is_main:
+        run_dir = os.path.join("runs", new_run_dir(run_name))
+    else:
+        run_dir = os.path.join("runs", run_name)
+    if is_main:
+        lock_run_dir(run_dir)
+    return run_dir
 
-    def log_window(
-        self,
-        iteration: int,
-        num_iterations: int,
-        global_step: int,
-        steps: int,
-        seconds: float,
-        scalars: dict,
-        text: str | None = None,
-    ) -> None:
-        """The end of a log window of ``steps`` env steps in ``seconds``: take this run's CPU share, log ``scalars``,
-        the GPU's use, the torch threads and charts/SPS (not for the first window: warm-up), and show progress."""
-        if self.cpu_share.update() and self.is_main:  # another run started or ended: this run's share changed
-            print(f"threads: {self.cpu_share.threads} ({self.cpu_share.why})")
-        self.windows.append((steps, seconds))
-        sps = steps / max(seconds, 1e-9)
-        scalars = scalars | self.monitor.collect() | {"threads/torch": torch.get_num_threads()}
-        if len(self.windows) > 1:
-            scalars["charts/SPS"] = sps
-        self.log(scalars, global_step)
-        if text is None:
-            text = f"return {np.mean(self.recent_returns):.1f}" if self.recent_returns else "return -"
-        self.pbar.set_postfix_str(f"SPS={sps:,.0f} {text}", refresh=False)
-        self.pbar.update(global_step - self.pbar.n)
-        due = iteration % self.print_every == 0 or iteration == num_iterations
-        if not self.args.progress_bar and self.is_main and due:
-            print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, {text}")
 
-    def note_estimate(self, estimate: gpu_utils.MemoryEstimate, step: int) -> None:
-        """Print and log the memory estimate; the end of the run sets the measured peak beside it (on a GPU)."""
-        self.estimate = estimate
-        if self.is_main:
-            print(estimate)
-        self.log({"memory/estimated_mib": estimate.total / 2**20}, step)
+def open_logs(run_dir: str, args, device: torch.device, step: int, wandb_id: str | None = None) -> SummaryWriter:
+    """TensorBoard's writer in ``run_dir`` with the run's hyperparameters and device (and, with --track, a W&B run
+    that mirrors it: ``wandb_id`` continues a resumed run's)."""
+    if args.track:
+        import wandb
 
-    def report_micro_batch(self, micro: gpu_utils.MicroBatch, step: int) -> None:
-        """Say (and log) each out-of-memory back-off of the micro-batch since the last call."""
-        for rows, now in micro.backoffs:
-            if self.is_main:
-                print(f"micro-batch: CUDA out of memory at {rows} rows, now {now} rows per backward pass")
-            self.log({"memory/micro_batch": now}, step)
-        micro.backoffs.clear()
+        name = os.path.basename(os.path.normpath(run_dir))
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=name,
+            save_code=True,
+            resume="allow",
+            id=wandb_id,
+        )
+    try:
+        if not os.access(run_dir, os.W_OK):  # else TensorBoard's writer thread fails too, with a traceback of its own
+            raise PermissionError(errno.EACCES, "not writable")
+        writer = SummaryWriter(run_dir)
+    except OSError as exc:  # a read-only copy of a run, say
+        raise ValueError(f"cannot write the run's logs in {run_dir} ({exc.strerror}); use a writable copy") from None
+    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    writer.add_text("device", gpu_utils.device_label(device), step)  # a resumed run may move
+    return writer
 
-    def checkpoint(self, state: dict, finished: bool, stopping: bool = False) -> None:
-        """Write runs/<name>/checkpoint.pt atomically (main process only): ``state`` with the run's args, name, script,
-        W&B id and status (finished once the total is reached; else stopped on a signal; else running)."""
-        if not self.is_main:
-            return
-        status = "finished" if finished else "stopped" if stopping else "running"
-        for group in state["optimizer"]["param_groups"]:  # a float, whatever tensor the run anneals in place
-            group["lr"] = float(group["lr"])
-        wandb_id = self.wandb.run.id if self.wandb is not None else self.wandb_id
-        state = state | dict(args=vars(self.args), run_name=self.name, status=status, wandb_id=wandb_id)
-        try:
-            save_checkpoint(self.checkpoint_path, script=self.script, **state)
-        except OSError as exc:  # the run goes on, or stops, with its last checkpoint
-            print(f"error: no checkpoint at step {state['global_step']}: {exc}", file=sys.stderr)
-            return
-        if stopping and not finished:
-            why = (self.stop or ["a signal to another process"])[0]
-            resume = resume_command(self.checkpoint_path)
-            out = sys.stderr if getattr(sys.stdout, "gone", False) else sys.stdout  # where it is read
-            print(f"stopping on {why}: checkpoint at step {state['global_step']}; continue with: {resume}", file=out)
 
-    def save_model(self, state: dict) -> None:
-        """--save-model: the final model (and what a loaded policy needs besides) to runs/<name>/<exp_name>.model."""
-        if self.is_main and self.args.save_model:
-            path = os.path.join(self.dir, f"{self.args.exp_name}.model")
-            try:  # atomic, as a checkpoint: no partial file
-                save_checkpoint(path, **(state | {"args": vars(self.args), "script": self.script}))
-            except OSError as exc:  # the run still closes its logs; its checkpoint holds the same weights
-                print(f"error: no model saved: {exc}", file=sys.stderr)
-                return
-            print(f"model saved to {path}")
+def wandb_id(previous: str | None) -> str | None:
+    """The W&B run to continue on --resume: this leg's with --track, else the one the checkpoint kept."""
+    wandb = sys.modules.get("wandb")
+    return wandb.run.id if wandb is not None and wandb.run is not None else previous
 
-    def close(self, global_step: int, diverged: bool) -> None:
-        """The end of the run: the peak memory beside the estimate (on a GPU), the done line with the steady SPS,
-        the logs closed and a W&B run marked failed when it diverged."""
-        self.pbar.close()
-        self.monitor.close()
-        self.cpu_share.close()
-        if not self.is_main:
-            return
-        if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
-            self.log({"memory/peak_allocated_mib": peak}, global_step)
-            planned = f"estimate {self.estimate.total / 2**20:.1f} MiB" if self.estimate else "no estimate"
-            print(f"peak allocated {peak:.1f} MiB, {planned} (allocator, no CUDA context)")
-        steady = self.windows[1:] or self.windows
-        sps = sum(steps for steps, _ in steady) / max(sum(seconds for _, seconds in steady), 1e-9)
-        elapsed = time.time() - self.start_time
-        print(f"done: step {global_step}/{self.total_steps} in {elapsed:.1f}s, {sps:,.0f} SPS, run dir {self.dir}")
-        self.writer.close()
-        if self.wandb is not None:
-            self.wandb.finish(exit_code=int(diverged))
 
-    def exit(self, diverged: bool, global_step: int) -> None:
-        """A diverged run ends with one error line (its checkpoint marked diverged) and exit status 1 in every
-        process; any other returns. A torchrun process then ends, its output flushed, before the interpreter's
-        teardown: there gloo's threads can abort it ("terminate called without an active exception", once in a CI
-        run of tests/test_ppo_atari.py) after its work is done. From here a stop signal is ignored: nothing is left
-        to stop, and in the teardown (0.7 s here), where Python puts back the default handlers, a SIGTERM killed the
-        finished run (status 143, which a sweep reads as a run stopped before its first checkpoint)."""
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        if diverged and self.is_main:
-            kept = mark_diverged(self.checkpoint_path)
-            print(
-                f"error: the update diverged by step {global_step} (NaN or infinite weights, not saved); {kept}; "
-                "start again with a lower --learning-rate or --max-grad-norm",
-                file=sys.stderr,
-            )
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # the first of the exit handlers: at the script's very end
-            atexit.register(exit_now, int(diverged))
+def log_video(path: str | None) -> None:
+    """Send a video that a VideoRecorder wrote to W&B (TensorBoard does not show mp4 files)."""
+    wandb = sys.modules.get("wandb")
+    if path and wandb is not None and wandb.run is not None:
+        wandb.log({"videos": wandb.Video(path)}, commit=False)
+
+
+def log_machine(writer, step: int, cpu_share: gpu_utils.CpuShare, monitor: gpu_utils.GPUMonitor) -> None:
+    """Take this run's share of the CPUs anew (another run may have started or ended), then log the GPU's use since
+    the last call and the torch threads (``writer`` None: a torchrun process other than the first)."""
+    if cpu_share.update() and writer is not None:
+        print(f"threads: {cpu_share.threads} ({cpu_share.why})")
+    scalars = monitor.collect() | {"threads/torch": torch.get_num_threads()}
+    for key, value in scalars.items() if writer is not None else ():
+        writer.add_scalar(key, value, step)
+
+
+def show_progress(pbar: tqdm, step: int, sps: float, text: str, line: str | None = None) -> None:
+    """Move the progress bar to ``step`` with the SPS and ``text`` beside it; without a bar, print ``line`` (when
+    given) with them."""
+    pbar.set_postfix_str(f"SPS={sps:,.0f} {text}", refresh=False)
+    pbar.update(step - pbar.n)
+    if pbar.disable and line:
+        print(f"{line}: step {step}, SPS {sps:,.0f}, {text}")
+
+
+def save_checkpoint(path: str | os.PathLike, **state) -> bool:
+    """Write ``state`` to ``path`` atomically (an interrupted save keeps the previous file). A failed write (a full
+    disk) is one error line, and the run goes on with its last checkpoint; returns whether it was written. A
+    checkpoint whose status is "stopped" says how to continue it."""
+    for group in state.get("optimizer", {}).get("param_groups", []):  # a float, whatever tensor the run anneals
+        group["lr"] = float(group["lr"])
+    tmp = f"{path}.tmp"
+    try:
+        torch.save(state, tmp)
+    except (OSError, RuntimeError) as exc:  # torch reports a failed write as a RuntimeError of its C++ stream
+        Path(tmp).unlink(missing_ok=True)
+        kept = "the previous one is kept" if os.path.exists(path) else "none was written"
+        print(f"error: cannot write {path} ({gpu_utils.first_line(exc, 120)}; is the disk full?); {kept}", file=sys.stderr)
+        return False
+    os.replace(tmp, path)
+    if state.get("status") == "stopped":
+        why = (STOP or ["a signal to another process"])[0]
+        out = sys.stderr if getattr(sys.stdout, "gone", False) else sys.stdout  # where it is read
+        print(f"stopping on {why}: checkpoint at step {state['global_step']}; continue with: {resume_command(path)}", file=out)
+    return True
+
+
+def end_run(writer, run_dir: str, step: int, total_steps: int, started: float, diverged: bool) -> None:
+    """The end of a run (main process): the peak memory on a GPU, the done line, the logs closed, W&B marked failed
+    when it diverged. From here a stop signal is ignored: nothing is left to stop, and in the interpreter's teardown
+    a SIGTERM would kill the finished run (status 143, which a sweep reads as stopped before its first checkpoint).
+    A diverged run ends with one error line, its checkpoint marked diverged, and status 1."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if writer is not None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak = torch.cuda.max_memory_allocated() / 2**20
+            writer.add_scalar("memory/peak_allocated_mib", peak, step)
+            print(f"peak allocated {peak:.1f} MiB (allocator, no CUDA context)")
+        elapsed = time.time() - started
+        print(f"done: step {step}/{total_steps} in {elapsed:.1f}s, run dir {run_dir}")
+        writer.close()
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and wandb.run is not None:
+            wandb.finish(exit_code=int(diverged))
         if diverged:
-            sys.exit(1)
+            kept = mark_diverged(os.path.join(run_dir, "checkpoint.pt"))
+            error = f"error: the update diverged by step {step} (NaN or infinite weights, not saved); {kept}; "
+            print(error + "start again with a lower --learning-rate or --max-grad-norm", file=sys.stderr)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # skip the teardown, where gloo's threads can abort a process
+        atexit.register(exit_now, int(diverged))
+    if diverged:
+        sys.exit(1)
 
 
 def exit_now(status: int) -> None:
@@ -723,15 +629,18 @@ def exit_now(status: int) -> None:
 
 # ---------------------------------------------------------------- videos
 class VideoRecorder:
-    """Writes env 0's games to <folder>/episode-<k>.mp4 on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
+    """Writes env 0's games to videos/<run name>/episode-<k>.mp4 beside runs/ on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
     then every 1000th)."""
 
-    def __init__(self, folder: str, fps: int):
-        self.folder = folder
+    def __init__(self, run_dir: str, start_step: int, fps: int):
+        name = os.path.basename(os.path.normpath(run_dir))
+        self.folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))), "videos", name)
+        if start_step:  # a resumed leg's games count from 0 again: a folder of their own, so none is overwritten
+            self.folder = os.path.join(self.folder, f"resumed-at-step-{start_step}")
         self.fps = fps
         self.frames = []
         self.episode = 0
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(self.folder, exist_ok=True)
 
     def add(self, frame: np.ndarray, game_over: bool) -> str | None:
         """Add env 0's frame after this step ((H, W, 3) uint8); returns the video's path when a recorded game ends."""
