@@ -1,5 +1,5 @@
-# PPO with the Nature DQN ConvNet on ALE v5 Atari games, CleanRL style, built to keep one GPU (or a CPU) busy.
-# Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7      (torchrun --nproc-per-node N for N GPUs)
+# PPO with the Nature DQN ConvNet on ALE v5 Atari games, CleanRL style, built to keep a GPU busy.
+# Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7   (N GPUs: torchrun --nproc-per-node N)
 import collections
 import os
 import time
@@ -21,11 +21,13 @@ import run_utils
 
 
 @dataclass
-class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (--gpu, --resume, --cudagraphs, ...)
+# RunArgs: the flags of how and where it runs (--gpu, --resume, --cudagraphs, ...)
+class Args(run_utils.RunArgs):
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
-    """seed of the experiment, 0 to 2**30 - 1 (process rank r under torchrun uses seed + r for sampling)"""
+    """seed of the experiment, 0 to 2**30 - 1 (process rank r under torchrun uses seed + r for
+    sampling)"""
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
 
@@ -33,15 +35,20 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     env_id: str = "ALE/Breakout-v5"
     """any ALE/<Game>-v5 id"""
     env_threads: int = 0
-    """threads stepping the ale envs (0: the run's CPU threads, at most one per env), split between the halves"""
+    """threads stepping the ale envs (0: the run's CPU threads, at most one per env), split between
+    the halves"""
     overlap_envs: bool = True
-    """step the envs in two halves, so that one half's envs play while the policy acts on the other half's"""
+    """step the envs in two halves, so that one half's envs play while the policy acts on the other
+    half's"""
     max_episode_frames: int = 108_000
-    """emulator frames after which a game is cut short (truncated, not over); v5's 108,000 is 30 minutes"""
+    """emulator frames after which a game is cut short (truncated, not over); v5's 108,000 is 30
+    minutes"""
     channels_last: bool = True
-    """keep conv weights and stored observations channels-last (NHWC), which oneDNN (CPU) and cuDNN run faster"""
+    """keep conv weights and stored observations channels-last (NHWC), which oneDNN (CPU) and cuDNN
+    run faster"""
     total_timesteps: int = 10_000_000
-    """total agent steps over all envs and processes; one agent step is 4 emulator frames (frameskip 4)"""
+    """total agent steps over all envs and processes; one agent step is 4 emulator frames (frameskip
+    4)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 16
@@ -55,7 +62,8 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation, in [0, 1]"""
     minibatch_size: int = 256
-    """rows per minibatch (must divide num_envs * num_steps); ignored when --num-minibatches is set"""
+    """rows per minibatch (must divide num_envs * num_steps); ignored when --num-minibatches is set
+    """
     num_minibatches: int | None = None
     """the number of minibatches (CleanRL style); overrides --minibatch-size"""
     update_epochs: int = 4
@@ -81,8 +89,9 @@ RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_threads", "channels_last", "overlap_
 
 
 def validate(args: Args, world_size: int) -> None:
-    """Raise ValueError with the one-line message of the first setting that cannot work; for training, fill in the
-    minibatch size and count per process (--num-minibatches, when given, wins: CleanRL's way to size them)."""
+    """Raise ValueError with the one-line message of the first setting that cannot work; for
+    training, fill in the minibatch size and count per process (--num-minibatches, when given, wins:
+    CleanRL's way to size them)."""
     hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
     sizes = [args.num_envs, args.num_steps, args.update_epochs, args.max_episode_frames]
     run_utils.check(
@@ -98,7 +107,8 @@ def validate(args: Args, world_size: int) -> None:
         }
     )
     batch_size = args.num_envs * args.num_steps  # per process
-    if not args.eval_checkpoint:  # an evaluation plays --eval-episodes games: it has no batch (a BatchSizeError)
+    # an evaluation plays --eval-episodes games: it has no batch (a BatchSizeError)
+    if not args.eval_checkpoint:
         args.minibatch_size = gpu_utils.choose_batch_size(batch_size, args.minibatch_size, parts=args.num_minibatches)
         args.num_minibatches = batch_size // args.minibatch_size
     one_batch = f"--total-timesteps must be at least one batch ({batch_size * world_size} agent steps)"
@@ -108,10 +118,11 @@ def validate(args: Args, world_size: int) -> None:
 
 # ---------------------------------------------------------------- environment
 def make_envs(env_id: str, num_envs: int, threads: int, max_frames: int):
-    """ale-py's C++ vector env stepped by threads, with ALE v5's settings: sticky actions 0.25, the minimal action
-    set, frameskip 4 with a max-pool, 84x84 grayscale, a stack of 4 frames, 0 to 29 no-op frames and FIRE at a reset.
-    Raw rewards and game-over terminals (EpisodeTracker makes what PPO learns from); SameStep autoreset: the last
-    observation of a finished game is in info["final_obs"]."""
+    """ale-py's C++ vector env stepped by threads, with ALE v5's settings: sticky actions 0.25, the
+    minimal action set, frameskip 4 with a max-pool, 84x84 grayscale, a stack of 4 frames, 0 to 29
+    no-op frames and FIRE at a reset. Raw rewards and game-over terminals (EpisodeTracker makes what
+    PPO learns from); SameStep autoreset: the last observation of a finished game is in
+    info["final_obs"]."""
     return ale_py.AtariVectorEnv(
         gym.spec(env_id).kwargs["game"],
         num_envs,
@@ -135,9 +146,10 @@ def make_envs(env_id: str, num_envs: int, threads: int, max_frames: int):
 
 
 class EpisodeTracker:
-    """Full-game accounting, as CleanRL's EpisodicLifeEnv, ClipRewardEnv and RecordEpisodeStatistics do one env at a
-    time. ``step`` returns rewards clipped to [-1, 1], the learning dones (a lost life is one), which games ended
-    (terminated or truncated), and every env's raw score over all lives and length in agent steps so far."""
+    """Full-game accounting, as CleanRL's EpisodicLifeEnv, ClipRewardEnv and RecordEpisodeStatistics
+    do one env at a time. ``step`` returns rewards clipped to [-1, 1], the learning dones (a lost
+    life is one), which games ended (terminated or truncated), and every env's raw score over all
+    lives and length in agent steps so far."""
 
     def __init__(self, num_envs: int, lives: np.ndarray):
         self.returns = np.zeros(num_envs, dtype=np.float64)
@@ -147,7 +159,8 @@ class EpisodeTracker:
     def step(self, rewards, terminated, truncated, lives):
         game_over = terminated | truncated
         life_lost = (lives < self.lives) & ~game_over
-        self.lives = np.array(lives)  # after a game over these are the new game's lives (SameStep reset)
+        # after a game over these are the new game's lives (SameStep reset)
+        self.lives = np.array(lives)
         scores = self.returns + rewards
         lengths = self.lengths + 1
         self.returns = np.where(game_over, 0.0, scores)
@@ -171,7 +184,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 class Agent(nn.Module):
     def __init__(self, num_actions: int, amp: bool = False):
         super().__init__()
-        self.amp = amp  # bf16 for the convolutional trunk only: heads, log-probs and values stay fp32
+        # bf16 for the convolutional trunk only: heads, log-probs and values stay fp32
+        self.amp = amp
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(4, 32, 8, stride=4)),
             nn.ReLU(),
@@ -196,7 +210,8 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------- algorithm: GAE, the loss, the time-limit bootstrap
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns (advantages, returns)."""
+    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns
+    (advantages, returns)."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
     advantages = torch.zeros_like(rewards)
@@ -207,8 +222,8 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: Args):
-    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, statistics by
-    name), each a mean over the rows."""
+    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss,
+    statistics by name), each a mean over the rows."""
     clip_coef = args.clip_coef
     logits, newvalue = agent(obs)
     logp_all = torch.log_softmax(logits, -1)
@@ -229,14 +244,16 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
             "old_approx_kl": (-logratio).mean(),
             "approx_kl": ((ratio - 1) - logratio).mean(),
             "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
-            "ratio_mse": ((ratio - 1) ** 2).mean(),  # the first minibatch's must be 0: the rollout and the loss agree
+            # the first minibatch's must be 0: the rollout and the loss agree
+            "ratio_mse": ((ratio - 1) ** 2).mean(),
         }
     return pg_loss - args.ent_coef * entropy + v_loss * args.vf_coef, stats
 
 
 @torch.no_grad()
 def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
-    """V(last observation) of each game that the frame cap cut short (0 elsewhere): its reward bootstraps from it."""
+    """V(last observation) of each game that the frame cap cut short (0 elsewhere): its reward
+    bootstraps from it."""
     cut = np.flatnonzero(np.logical_and(truncated, np.logical_not(terminated)))
     values = np.zeros(len(truncated), dtype=np.float32)
     if len(cut):
@@ -246,8 +263,9 @@ def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
 
 @torch.no_grad()
 def evaluate(envs, act, device, seed: int) -> np.ndarray:
-    """Play one full game in every env and return each env's first score. Averaging games in the order they finish
-    would favour short games (an env can finish two short games before a long one ends elsewhere)."""
+    """Play one full game in every env and return each env's first score. Averaging games in the
+    order they finish would favour short games (an env can finish two short games before a long one
+    ends elsewhere)."""
     obs, info = envs.reset(seed=seed)
     tracker = EpisodeTracker(envs.num_envs, info["lives"])
     first_scores = np.full(envs.num_envs, np.nan)
@@ -256,7 +274,6 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
         _, _, game_over, scores, _ = tracker.step(reward, terminated, truncated, info["lives"])
         first_scores = np.where(game_over & np.isnan(first_scores), scores, first_scores)
     return first_scores
-
 
 
 if __name__ == "__main__":
@@ -291,43 +308,47 @@ if __name__ == "__main__":
     if distributed:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    run_utils.seed(args.seed, offset=rank)  # the same model in every process; the rest differs by rank
+    run_utils.seed(args.seed, offset=rank)  # one model in every process; the rest differs by rank
     if eval_ckpt:
         envs = make_envs(args.env_id, args.eval_episodes, threads.threads, args.max_episode_frames)
         agent = Agent(envs.single_action_space.n, args.amp).to(device)
         run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
         scores = evaluate(envs, lambda x: Categorical(logits=agent(x)[0]).sample(), device, args.seed)
         run_utils.end_evaluation(args.env_id, scores)
-    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
-    env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)  # shared by the two halves of the envs
-    # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on the other half's
+    cpu_share = gpu_utils.CpuShare(threads)  # this run's share of the CPUs among the live runs
+    env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)
+    # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on
+    # the other half's
     num_groups = 2 if args.overlap_envs and args.num_envs >= 2 else 1
     bounds = [g * args.num_envs // num_groups for g in range(num_groups + 1)]
     env_rows = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
     total_steps = args.num_iterations * args.batch_size
     if is_main:
-        processes = f"; {world_size} processes" if distributed else ""
-        halves = "two halves that overlap with the policy's work" if num_groups == 2 else "one group"
-        stepping = f"{env_threads} stepping the {args.num_envs} envs in {halves}"
-        run_utils.print_device(device, device_why + processes, tf32, args.amp, cpu_share, stepping)
-        run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps=total_steps)
+        why = device_why + (f"; {world_size} processes" if distributed else "")
+        stepping = f"{env_threads} stepping the {args.num_envs} envs in {num_groups} group(s)"
+        run_utils.print_device(device, why, tf32, args.amp, cpu_share, stepping)
+        run_utils.print_config(args, given, bool(ckpt), RUNTIME_FLAGS, total_steps=total_steps)
 
     # ---------------- logging
     start_step = ckpt["global_step"] if ckpt else 0
     run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
+    writer = None  # the first process writes the logs and checkpoints
     with run_utils.one_line_errors():  # another process may be training in this run folder
         run_dir = run_utils.run_folder(run_name, args.resume, is_main)
-        writer = run_utils.open_logs(run_dir, args, device, start_step, ckpt and ckpt["wandb_id"]) if is_main else None
-    pbar = tqdm(total=total_steps, initial=start_step, disable=not (args.progress_bar and is_main), unit_scale=True)
+        if is_main:
+            writer = run_utils.open_logs(run_dir, args, device, start_step, ckpt and ckpt["wandb_id"])
+    show_bar = args.progress_bar and is_main
+    pbar = tqdm(total=total_steps, initial=start_step, disable=not show_bar, unit_scale=True)
     monitor = gpu_utils.GPUMonitor(device).start()
 
     # ---------------- envs and network
+    group_threads = max(1, env_threads // num_groups)
     env_groups = [
-        make_envs(args.env_id, rows.stop - rows.start, max(1, env_threads // num_groups), args.max_episode_frames)
-        for rows in env_rows
+        make_envs(args.env_id, rows.stop - rows.start, group_threads, args.max_episode_frames) for rows in env_rows
     ]
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
-    agent = Agent(env_groups[0].single_action_space.n, args.amp).to(device, memory_format=memory_format)
+    agent = Agent(env_groups[0].single_action_space.n, args.amp)
+    agent = agent.to(device, memory_format=memory_format)
     params = list(agent.parameters())
     learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
     use_graph = args.cudagraphs and not distributed and micro.rows >= args.minibatch_size
@@ -336,22 +357,24 @@ if __name__ == "__main__":
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
-        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume, device=device, rank=rank)
+        states = {"model": agent, "optimizer": optimizer}
+        run_utils.load_states(states, ckpt, args.resume, device=device, rank=rank)
 
     @torch.no_grad()
     def policy_step(x):
         logits, value = agent(x)
         logp_all = torch.log_softmax(logits, -1)
-        action = (logits - (-torch.rand_like(logits).log()).log()).argmax(-1)  # Gumbel-max sample, no host sync
+        gumbel = -(-torch.rand_like(logits).log()).log()
+        action = (logits + gumbel).argmax(-1)  # a sample of the policy without a host sync
         return action, logp_all.gather(-1, action[:, None]).squeeze(-1), value
 
     policy_step = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
     loss_fn = torch.compile(ppo_loss) if args.compile or args.cudagraphs else ppo_loss
 
-    # ---------------- storage: the rollout on the device; rewards and dones on the host, moved once per iteration
+    # ---------------- storage: the rollout on the device; rewards and dones on the host
     obs_shape = env_groups[0].single_observation_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
-    if args.channels_last:  # stored NHWC, so minibatches reach the convolutions without a layout copy
+    if args.channels_last:  # stored NHWC: minibatches reach the convolutions without a copy
         obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -359,7 +382,7 @@ if __name__ == "__main__":
     advantages = torch.zeros((args.num_steps, args.num_envs), device=device)
     returns = torch.zeros((args.num_steps, args.num_envs), device=device)
     next_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, device=device)
-    # flat views of the storage: the update gathers its minibatches from the same addresses every iteration
+    # flat views: the update gathers its minibatches from the same addresses every iteration
     b_obs = obs.view((batch_size,) + obs_shape)
     b_actions = actions.view(-1)
     b_logprobs = logprobs.view(-1)
@@ -370,11 +393,12 @@ if __name__ == "__main__":
     host_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
     host_obs_np = host_obs.numpy()  # the envs write their observations here
     host_rewards = torch.zeros((args.num_steps, args.num_envs), pin_memory=pin)
-    host_dones = torch.zeros((args.num_steps + 1, args.num_envs), pin_memory=pin)  # dones[t]: obs[t] starts a game
+    host_dones = torch.zeros((args.num_steps + 1, args.num_envs), pin_memory=pin)  # obs[t] starts a game
     rollout_bytes = sum(t.nbytes for t in (obs, actions, logprobs, values)) * 3 // 2
+    mb_bytes = args.minibatch_size * (obs[0, 0].nbytes + 5 * 4)
     memory = gpu_utils.estimate_memory(
         agent,
-        batch_bytes=args.minibatch_size * (int(np.prod(obs_shape)) + 5 * 4),
+        batch_bytes=mb_bytes,
         rollout_bytes=rollout_bytes,
         example_input=obs[0, :2],
         batch_size=args.minibatch_size,
@@ -385,7 +409,7 @@ if __name__ == "__main__":
         writer.add_scalar("memory/estimated_mib", memory.total / 2**20, start_step)
 
     def receive(step: int, group: int) -> None:
-        """The envs of ``group`` finish the step they were sent: store its results in row ``step``."""
+        """The envs of ``group`` finish the step they were sent: its results go to row ``step``."""
         rows = env_rows[group]
         host_obs_np[rows], reward, terminated, truncated, info = env_groups[group].recv()
         next_obs[rows].copy_(host_obs[rows], non_blocking=True)
@@ -393,7 +417,8 @@ if __name__ == "__main__":
         host_rewards[step, rows] = torch.from_numpy(clipped)
         host_dones[step + 1, rows] = torch.from_numpy(learn_done)
         games.extend(zip(scores[over].tolist(), lengths[over].tolist()))
-        if truncated.any():  # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+        # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+        if truncated.any():
             cut = final_values(agent, info["final_obs"], truncated, terminated, device)
             host_rewards[step, rows] += torch.from_numpy(args.gamma * cut)
         if recorder is not None and group == 0:  # a game's last frame, not the next game's first
@@ -401,17 +426,19 @@ if __name__ == "__main__":
             run_utils.log_video(recorder.add(agent_view(frame), bool(over[0])))
 
     def update_step(mb_inds):
-        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward, clipping, Adam. No host
-        sync, so that --cudagraphs captures it as one CUDA graph."""
+        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward,
+        clipping, Adam. No host sync, so that --cudagraphs captures it as one CUDA graph."""
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
         stats = {}
-        for start in range(0, len(mb_inds), micro.rows):  # the micro-batches' gradients add up to the minibatch's
+        for start in range(0, len(mb_inds), micro.rows):  # micro-batches: their gradients add up
             mb = mb_inds[start : start + micro.rows]
             mb_adv = mb_advantages[start : start + micro.rows]
-            loss, mb_stats = loss_fn(agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb], b_values[mb], args)
+            loss, mb_stats = loss_fn(
+                agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb], b_values[mb], args
+            )
             weight = len(mb) / len(mb_inds)
             (loss * weight).backward()
             stats = {name: stats.get(name, 0) + value * weight for name, value in mb_stats.items()}
@@ -422,19 +449,22 @@ if __name__ == "__main__":
         return stats
 
     update_step = gpu_utils.CudaGraph(update_step, enabled=use_graph, name="update")
-    if args.cudagraphs and not use_graph and is_main:
-        print("update: eager (torchrun's all_reduce, or --micro-batch splitting the minibatch, cannot be captured)")
+    if args.cudagraphs and not use_graph and is_main:  # a graph holds neither
+        print("update: eager (torchrun's all_reduce, or --micro-batch splitting the minibatch)")
 
     # ---------------- training loop
-    env_seed = (args.seed * 10_000 + (start_iteration - 1) * 7919) % 2**30 + rank * args.num_envs  # new games on resume
+    env_seed = (args.seed * 10_000 + (start_iteration - 1) * 7919) % 2**30  # new games on resume
+    env_seed += rank * args.num_envs
     trackers = []
     for rows, envs in zip(env_rows, env_groups):  # env i gets seed + i
         host_obs_np[rows], info = envs.reset(seed=env_seed + rows.start)
         trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
     next_obs.copy_(host_obs, non_blocking=True)
-    games = []  # (score over all lives, length) of each game that ended in this rollout, in the order of (step, env)
+    games = []  # (score over all lives, length) of each game that ended in this rollout
     recent_scores = collections.deque(maxlen=20)
-    recorder = run_utils.VideoRecorder(run_dir, start_step, fps=15) if args.capture_video and is_main else None
+    recorder = None
+    if args.capture_video and is_main:
+        recorder = run_utils.VideoRecorder(run_dir, start_step, fps=15)
     stop = run_utils.stop_on_signals(is_main)
     started = time.time()
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
@@ -451,7 +481,8 @@ if __name__ == "__main__":
             for group, rows in enumerate(env_rows):
                 obs[step, rows] = next_obs[rows]
                 actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
-                # .cpu() waits for this group's copy to the device too, so its host_obs rows are free to overwrite
+                # .cpu() waits for this group's copy to the device too, so its host_obs rows are
+                # free to overwrite
                 env_groups[group].send(actions[step, rows].cpu().numpy())
                 playing.append((step, group))
                 if len(playing) == num_groups:  # the other group's envs keep playing meanwhile
@@ -489,14 +520,15 @@ if __name__ == "__main__":
                     break
 
         # ---------------- logging: one pull of scalars to the host per iteration
-        del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
+        del stats["ratio_mse"]  # not its mean over the minibatches: the first minibatch's RMS
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
         stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
         stop_now = torch.tensor([float(bool(stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
-        # whether the weights are finite rides along, checked before a checkpoint could save them (all processes agree)
-        *losses, stopping, finite = torch.stack([*stats.values(), stop_now[0], run_utils.weights_finite(params)]).tolist()
+        # whether the weights are finite rides along: checked before a checkpoint could save them
+        pulled = torch.stack([*stats.values(), stop_now[0], run_utils.weights_finite(params)])
+        *losses, stopping, finite = pulled.tolist()
         diverged = not finite
         sps = args.batch_size / (time.perf_counter() - iteration_start)
         recent_scores.extend(score for score, _ in games)
@@ -511,24 +543,22 @@ if __name__ == "__main__":
             if iteration > start_iteration:  # the first iteration is warm-up (compilation, capture)
                 writer.add_scalar("charts/SPS", sps, global_step)
         run_utils.log_machine(writer, global_step, cpu_share, monitor)
-        score_text = f"return {np.mean(recent_scores):.1f}" if recent_scores else "return -"
-        printed = iteration % 10 == 0 or iteration == args.num_iterations  # without a progress bar
-        run_utils.show_progress(pbar, global_step, sps, score_text, f"iteration {iteration}/{args.num_iterations}" if printed else None)
-        if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
-            break
         finished = iteration == args.num_iterations
+        score_text = f"return {np.mean(recent_scores):.1f}" if recent_scores else "return -"
+        line = f"iteration {iteration}/{args.num_iterations}" if iteration % 10 == 0 or finished else None
+        run_utils.show_progress(pbar, global_step, sps, score_text, line)
+        if diverged:  # the checkpoint on disk keeps the last finite weights
+            break
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
             rng = [gpu_utils.rng_state(device)] * world_size
-            if distributed:  # every process's RNG state goes into rank 0's file, so each continues its own on --resume
+            if distributed:  # each process's RNG state in rank 0's file: each continues its own
                 dist.all_gather_object(rng, rng[0])
             if is_main:
                 run_utils.save_checkpoint(
                     os.path.join(run_dir, "checkpoint.pt"),
                     script="ppo_atari",
                     args=vars(args),
-                    run_name=os.path.basename(run_dir),
                     status="finished" if finished else "stopped" if stopping else "running",
-                    wandb_id=run_utils.wandb_id(ckpt and ckpt["wandb_id"]),
                     model=agent.state_dict(),
                     optimizer=optimizer.state_dict(),
                     rng=rng,
@@ -548,8 +578,7 @@ if __name__ == "__main__":
     pbar.close()
     for envs in env_groups:
         envs.close()
-    if distributed:
-        # wait for rank 0's files: exiting right after the last collective aborts in gloo's threads at shutdown
+    if distributed:  # wait for rank 0's files: gloo aborts a process that exits right after a collective
         dist.barrier()
         dist.destroy_process_group()
     run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)

@@ -532,10 +532,15 @@ def open_logs(run_dir: str, args, device: torch.device, step: int, wandb_id: str
         writer = SummaryWriter(run_dir)
     except OSError as exc:  # a read-only copy of a run, say
         raise ValueError(f"cannot write the run's logs in {run_dir} ({exc.strerror}); use a writable copy") from None
+    WANDB_ID[os.path.abspath(run_dir)] = wandb_id
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     writer.add_text("device", gpu_utils.device_label(device), step)  # a resumed run may move
     return writer
+
+
+WANDB_ID: dict[str, str | None] = {}
+"""A resumed run's W&B id by its folder (``open_logs``): a leg without --track keeps it for the next one with it."""
 
 
 def wandb_id(previous: str | None) -> str | None:
@@ -574,6 +579,8 @@ def save_checkpoint(path: str | os.PathLike, **state) -> bool:
     """Write ``state`` to ``path`` atomically (an interrupted save keeps the previous file). A failed write (a full
     disk) is one error line, and the run goes on with its last checkpoint; returns whether it was written. A
     checkpoint whose status is "stopped" says how to continue it."""
+    run_dir = os.path.dirname(os.path.abspath(path))
+    state = dict(run_name=os.path.basename(run_dir), wandb_id=wandb_id(WANDB_ID.get(run_dir))) | state
     for group in state.get("optimizer", {}).get("param_groups", []):  # a float, whatever tensor the run anneals
         group["lr"] = float(group["lr"])
     tmp = f"{path}.tmp"
@@ -582,13 +589,18 @@ def save_checkpoint(path: str | os.PathLike, **state) -> bool:
     except (OSError, RuntimeError) as exc:  # torch reports a failed write as a RuntimeError of its C++ stream
         Path(tmp).unlink(missing_ok=True)
         kept = "the previous one is kept" if os.path.exists(path) else "none was written"
-        print(f"error: cannot write {path} ({gpu_utils.first_line(exc, 120)}; is the disk full?); {kept}", file=sys.stderr)
+        print(
+            f"error: cannot write {path} ({gpu_utils.first_line(exc, 120)}; is the disk full?); {kept}", file=sys.stderr
+        )
         return False
     os.replace(tmp, path)
     if state.get("status") == "stopped":
         why = (STOP or ["a signal to another process"])[0]
         out = sys.stderr if getattr(sys.stdout, "gone", False) else sys.stdout  # where it is read
-        print(f"stopping on {why}: checkpoint at step {state['global_step']}; continue with: {resume_command(path)}", file=out)
+        print(
+            f"stopping on {why}: checkpoint at step {state['global_step']}; continue with: {resume_command(path)}",
+            file=out,
+        )
     return True
 
 
