@@ -126,7 +126,8 @@ def test_formatted_without_packing_and_a_loop_that_fits(script):
     text = source(script)
     assert "fmt: skip" not in text and "fmt: off" not in text, "ruff format the script instead of packing lines"
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if re.match(r"^ {4}for iteration in range\(|^ {4}while ", line))
+    main = lines.index('if __name__ == "__main__":')
+    start = next(i for i in range(main, len(lines)) if re.match(r"^ {4}(for iteration in|while iteration)", lines[i]))
     end = next(i for i, line in enumerate(lines) if re.match(r"^ {4}# -{10,} end of the run", line))
     assert end - start <= LOOP_CEILING, f"{script}'s training loop has {end - start} lines, over {LOOP_CEILING}"
 
