@@ -134,9 +134,12 @@ def unknown_flags(text: str, flags: dict[str, set[str]]) -> list[str]:
 
 def test_every_documented_call_of_a_script_uses_flags_it_has():
     flags = {script: script_flags(script) for script in SCRIPTS}
-    pages = PAGES + sorted((ROOT / "benchmark").rglob("*.md")) + sorted((ROOT / "benchmark").glob("*.sh"))
+    # a results folder records the commands of its day (benchmark/results/*/): a flag removed since (--async-envs)
+    # stays in the record; the pages and the benchmark scripts must use today's flags
+    tools = [page for page in (ROOT / "benchmark").rglob("*.md") if "results" not in page.relative_to(ROOT).parts]
+    pages = PAGES + sorted(tools) + sorted((ROOT / "benchmark").glob("*.sh"))
     calls = sum(len(CALL.findall(page.read_text())) for page in pages)
-    assert calls > 100  # the pattern still finds the calls
+    assert calls > 50  # the pattern still finds the calls
     unknown = {str(page.relative_to(ROOT)): unknown_flags(page.read_text(), flags) for page in pages}
     assert {page: bad for page, bad in unknown.items() if bad} == {}
 
