@@ -1,7 +1,5 @@
-"""The machine, for every training script: device choice and rotation, TF32, RNG state, CPU threads and shares,
-batch sizes, memory estimates, out-of-memory back-off, CUDA graphs and GPU monitoring (docs/devices-threads-memory.md).
-Importing it has no side effects; ``python gpu_utils.py`` prints what this machine offers.
-"""
+"""The machine for every training script: devices, TF32, RNG state, CPU threads and shares, batch sizes, memory, CUDA
+graphs, GPU monitoring (docs/devices-threads-memory.md). No import side effects; ``python gpu_utils.py`` reports."""
 
 from __future__ import annotations
 
@@ -9,12 +7,18 @@ import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, no affinity
+    fcntl = None
 
 
 class DeviceError(ValueError):
@@ -32,10 +36,7 @@ def first_line(exc: BaseException, width: int = 200) -> str:
 
 
 def rotate(session: int, cuda_offset: int, device_count: int) -> int:
-    """Return the GPU index for run number ``session``: ``(cuda_offset + session) % device_count``.
-
-    4 sessions on 2 GPUs land on 0, 1, 0, 1; offset 4 on 8 GPUs puts sessions 0..3 on GPUs 4..7.
-    """
+    """The GPU of run number ``session``: ``(cuda_offset + session) % device_count`` (4 sessions, 2 GPUs: 0, 1, 0, 1)"""
     if device_count < 1:
         raise DeviceError("no GPU to rotate over: device_count must be at least 1")
     if session < 0 or cuda_offset < 0:
@@ -44,7 +45,7 @@ def rotate(session: int, cuda_offset: int, device_count: int) -> int:
 
 
 def _env_int(name: str, default: int) -> int:
-    """Read an integer environment variable, with a one-line error when it is not an integer."""
+    """An integer environment variable, or a one-line error."""
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -55,12 +56,9 @@ def _env_int(name: str, default: int) -> int:
 
 
 def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None = None) -> tuple[torch.device, str]:
-    """``--gpu`` (auto, true, false, N or cuda:N) as a ``torch.device`` and the reason, in one line.
-
-    auto and true rotate: GPU ``rotate(session + LOCAL_RANK, cuda_offset or $CUDA_OFFSET, count)``, except inside a
-    SLURM job given GPUs, where process LOCAL_RANK takes visible GPU LOCAL_RANK. A request this machine cannot meet,
-    or two torchrun processes on one GPU (which NCCL refuses), is a ``DeviceError``.
-    """
+    """``--gpu`` (auto, true, false, N or cuda:N) as a device, and why in one line. auto and true rotate: GPU
+    ``rotate(session + LOCAL_RANK, cuda_offset or $CUDA_OFFSET, count)``, but in a SLURM job given GPUs, visible GPU
+    LOCAL_RANK. A request this machine cannot meet, or two torchrun processes on one GPU, is a ``DeviceError``."""
     if session < 0 or (cuda_offset is not None and cuda_offset < 0):  # on the CPU too: a sweep's typo shows at once
         raise DeviceError(
             f"--session {session} and --cuda-offset {cuda_offset} must be at least 0 (or the offset unset)"
@@ -106,8 +104,7 @@ def select_device(gpu: str = "auto", session: int = 0, cuda_offset: int | None =
 
 
 def device_label(device: torch.device) -> str:
-    """What a run trains on, in a few words, for its event file: the GPU's name, or the CPU's model and how many CPUs
-    the run may use. A run resumed on another machine logs its own, so a report can tell the parts apart."""
+    """What a run trains on, for its event file (each leg logs its own): the GPU's name, or the CPU's and its cores."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = ""
@@ -118,8 +115,7 @@ def device_label(device: torch.device) -> str:
 
 
 def bf16_note(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
-    """Why ``--amp`` will be slow here, or "": a CPU without bf16 instructions (x86's ``avx512_bf16`` or ``amx_bf16``)
-    emulates bf16, far slower than fp32. GPUs, and CPUs whose flags cannot be read, get ""."""
+    """Why ``--amp`` is slow here, or "": an x86 CPU without ``avx512_bf16`` or ``amx_bf16`` emulates bf16 (slowly)."""
     if device.type != "cpu" or not os.path.exists(cpuinfo):
         return ""
     with open(cpuinfo) as f:
@@ -130,8 +126,8 @@ def bf16_note(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str:
 
 
 def enable_tf32(enabled: bool = True, deterministic: bool = False) -> bool:
-    """Allow TF32 matmuls and convolutions on GPUs of compute capability 8 or more; return whether TF32 is on.
-    cuDNN's benchmark mode is on with CUDA unless ``deterministic``: it may pick a non-deterministic algorithm."""
+    """TF32 matmuls and convolutions on GPUs of compute capability 8+ (returns whether on); cuDNN's benchmark mode
+    with CUDA unless ``deterministic`` (it may pick a non-deterministic algorithm)."""
     has_cuda = torch.cuda.is_available()
     torch.backends.cudnn.benchmark = bool(has_cuda and not deterministic)
     torch.backends.cudnn.deterministic = bool(deterministic)
@@ -144,28 +140,27 @@ def enable_tf32(enabled: bool = True, deterministic: bool = False) -> bool:
 
 
 def rng_state(device: torch.device) -> dict:
-    """The random state a checkpoint keeps: torch's CPU generator and, on a GPU, that device's. These are all a run
-    draws from after its start (python's and numpy's are seeded once; environments keep their own)."""
+    """What a checkpoint keeps of the random state: torch's CPU generator and, on a GPU, that device's."""
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return {"torch": torch.get_rng_state(), "cuda": cuda}
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
-    """Restore what :func:`rng_state` returned; a GPU state is restored only onto a GPU."""
+    """Restore ``rng_state``'s state; a GPU state only onto a GPU."""
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def allowed_cpus() -> list[int]:
-    """The CPUs this process may run on, sorted (its affinity mask where the OS has one, else all the machine's)."""
+    """The CPUs this process may run on, sorted (its affinity mask, else all)."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
 
 
 def available_cpus() -> int:
-    """How many CPUs this process may run on (see ``allowed_cpus``)."""
+    """How many CPUs this process may run on."""
     return len(allowed_cpus())
 
 
@@ -178,9 +173,8 @@ class ThreadBudget:
 
 
 def thread_budget(requested: int = 0) -> ThreadBudget:
-    """The CPU threads one run should use: ``requested`` (``--num-threads``) when given, else the CPUs it may run on
-    (its affinity, which ``taskset`` and schedulers set), capped by ``SLURM_CPUS_PER_TASK`` and ``OMP_NUM_THREADS``;
-    ``why`` names the variable that capped it, or the first one set (an explicit budget either way)."""
+    """The CPU threads of one run: ``requested`` (``--num-threads``), else its CPU affinity capped by
+    ``SLURM_CPUS_PER_TASK`` and ``OMP_NUM_THREADS`` (``why``: the variable that capped it, or the first one set)."""
     most = 4 * (os.cpu_count() or 1)  # beyond, threads only slow torch down; at 100,000 the OS refuses them
     if not 0 <= requested <= most:
         raise ValueError(f"--num-threads must be 0 (automatic) or 1 to {most} (4 per CPU), got {requested}")
@@ -196,9 +190,8 @@ def thread_budget(requested: int = 0) -> ThreadBudget:
 
 
 def split_cpus(cpus: Sequence[int], parts: int) -> list[list[int]]:
-    """Split ``cpus`` into ``parts`` disjoint contiguous groups whose sizes differ by at most one and that together
-    are all of ``cpus`` (runs at once each get their own cores). With more parts than CPUs, part i gets
-    ``[cpus[i % len(cpus)]]``."""
+    """``cpus`` in ``parts`` disjoint contiguous groups whose sizes differ by at most one (more parts than CPUs: part i
+    gets ``[cpus[i % len(cpus)]]``)."""
     if parts < 1 or not cpus:
         raise ValueError(f"split_cpus needs at least one part and one CPU, got {parts} parts of {list(cpus)}")
     cpus = list(cpus)
@@ -211,10 +204,9 @@ def split_cpus(cpus: Sequence[int], parts: int) -> list[list[int]]:
 
 def _pin(cpus: Sequence[int]) -> None:
     """Pin every thread of this process (torch's and the environments' workers too) to ``cpus``, where possible."""
-    if not hasattr(os, "sched_setaffinity"):
+    if not os.path.isdir("/proc/self/task"):
         return
-    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
-    for tid in tasks:
+    for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)
         except OSError:  # the thread has ended meanwhile
@@ -222,14 +214,10 @@ def _pin(cpus: Sequence[int]) -> None:
 
 
 class CpuShare:
-    """This run's share of the CPUs among the runs live on the machine, for runs started by hand.
-
-    Each run holds a lock file (``fcntl.flock``) in a private per-user directory while it lives, so a killed run
-    frees its place without cleanup. The constructor, then ``update()`` at most once every ``interval`` seconds,
-    counts the live runs in order of start and takes this run's part of ``split_cpus``: torch threads (at most
-    ``max_torch_threads``) and CPU affinity. Inert when the budget is explicit (``--num-threads``, the thread
-    variables, a narrower affinity), without ``fcntl``, or, saying so, when the directory is not private to this user.
-    """
+    """This run's share of the CPUs among the live runs started by hand. Each holds a lock file (``flock``) in a private
+    per-user directory, freed by the OS when it dies. The constructor, then ``update()`` at most every ``interval`` s,
+    takes this run's part of ``split_cpus`` over the live runs in order of start: torch threads (at most
+    ``max_torch_threads``) and affinity. Inert under an explicit budget, or (said) an unsafe directory."""
 
     def __init__(
         self,
@@ -246,15 +234,10 @@ class CpuShare:
         self._next_update = 0.0
         self._part = self.cpus
         self._file = None
-        try:
-            import fcntl
-        except ImportError:  # Windows: no flock, no affinity
-            return
-        if budget.why != "CPU affinity" or len(self.cpus) < (os.cpu_count() or 1) or not hasattr(os, "getuid"):
+        if fcntl is None or budget.why != "CPU affinity" or len(self.cpus) < (os.cpu_count() or 1):
             return  # an explicit budget wins
         runtime = os.environ.get("XDG_RUNTIME_DIR")
-        default = Path(runtime, "gpu-rl") if runtime else Path(f"/tmp/gpu-rl-{os.getuid()}")
-        self.directory = Path(directory or default)
+        self.directory = Path(directory or (Path(runtime, "gpu-rl") if runtime else f"/tmp/gpu-rl-{os.getuid()}"))
         name = f"{time.time_ns():020d}-{self._pid}"
         problem = _private_directory(self.directory)
         try:
@@ -280,8 +263,6 @@ class CpuShare:
 
     def live_runs(self) -> list[Path]:
         """The lock files of the live runs, oldest first; dead runs' files are removed."""
-        import fcntl
-
         live = [self.path]  # this run counts even if something removed its file
         for path in self.directory.glob("*.lock"):
             fd = open_own_file(path, os.O_RDONLY) if path != self.path else None
@@ -299,7 +280,7 @@ class CpuShare:
         return sorted(live)
 
     def update(self) -> bool:
-        """Take this run's share of the CPUs, at most once every ``interval`` seconds; True when it changed."""
+        """Take this run's share of the CPUs, at most once every ``interval`` s; True when it changed."""
         now = time.monotonic()
         if self._file is None or now < self._next_update or os.getpid() != self._pid:
             return False
@@ -325,8 +306,8 @@ class CpuShare:
 
 
 def _private_directory(path: Path) -> str:
-    """Make ``path`` (mode 0700) where it is missing. "" when it is a directory of this user's that no one else may
-    write to, else why not, in a few words: a predictable name in /tmp can be made first by another user."""
+    """Make ``path`` (mode 0700) if missing; "" if it is this user's directory that no one else may write to, else why
+    not (a predictable name in /tmp can be made first by another user)."""
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = os.lstat(path)
@@ -342,22 +323,21 @@ def _private_directory(path: Path) -> str:
 
 
 def open_own_file(path: str | Path, flags: int) -> int | None:
-    """A descriptor of ``path`` when it is a regular file of this user's, else None: a FIFO, a device, a symbolic
-    link or another user's file is never opened for real (O_NONBLOCK keeps a FIFO from blocking the open)."""
+    """A descriptor of ``path`` when it is a regular file of this user's, else None (never a FIFO, device or link)."""
     try:
         fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
         os.close(fd)
         return None
     return fd
 
 
 def limit_threads(num_threads: int = 1) -> None:
-    """Cap OpenMP/MKL/BLAS threads (inherited by env workers: call it before making them) and torch's threads to
-    ``num_threads``; torch's inter-op pool gets one thread, as the scripts run one op at a time."""
+    """Cap OpenMP/MKL/BLAS threads (call it before env workers inherit them) and torch's at ``num_threads``; torch's
+    inter-op pool gets one (the scripts run one op at a time)."""
     if num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
@@ -378,9 +358,8 @@ def divisors(n: int) -> list[int]:
 def choose_batch_size(
     total: int, requested: int | str = "auto", target: int | None = None, parts: int | None = None
 ) -> int:
-    """A minibatch size that divides ``total``: ``total / parts`` (``--num-minibatches``) when given, else
-    ``requested`` (``--minibatch-size``), where "auto" is the largest divisor not above ``target``. A
-    ``BatchSizeError`` names the flag and lists valid values."""
+    """A minibatch size that divides ``total``: ``total / parts`` (``--num-minibatches``), else ``requested``
+    (``--minibatch-size``; "auto": the largest divisor up to ``target``). A ``BatchSizeError`` lists valid values."""
     if total < 1:
         raise BatchSizeError(f"the total batch must be at least 1, got {total}")
     divisors_of_total = divisors(total)
@@ -419,20 +398,15 @@ def parse_micro_batch(text: str, rows: int) -> int:
     return min(int(value), rows)
 
 
-CUDA_CONTEXT_BYTES = 500 * 2**20
-"""Typical memory the CUDA context and kernels take on a GPU outside PyTorch's allocator."""
-
-CUBLAS_WORKSPACE_BYTES = 64 * 2**20
-"""cuBLAS and cuBLASLt workspaces of one CUDA stream, taken from PyTorch's allocator. A run with CUDA graphs holds
-three: the default stream's, the warm-up stream's and the graph's own."""
+CUDA_CONTEXT_BYTES = 500 * 2**20  # typical memory of the CUDA context and kernels, outside PyTorch's allocator
+CUBLAS_WORKSPACE_BYTES = 64 * 2**20  # one stream's cuBLAS(Lt) workspaces; CUDA graphs: 3 (default, warm-up, graph)
 
 _OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd_momentum": 1, "sgd": 0}
 
 
 @dataclass
 class MemoryEstimate:
-    """Estimated device memory of a training run, in bytes. ``total`` is what PyTorch's allocator will hold at its
-    peak (compare ``torch.cuda.max_memory_allocated()``); the CUDA context and kernels lie outside it."""
+    """Estimated device memory of a run, in bytes; ``total``: the allocator's peak (``max_memory_allocated()``)."""
 
     weights: int
     gradients: int
@@ -451,17 +425,11 @@ class MemoryEstimate:
         return self.weights + self.gradients + self.optimizer_state + data
 
     def __str__(self) -> str:
-        rows = [
-            ("weights", self.weights),
-            ("gradients", self.gradients),
-            ("optimizer state", self.optimizer_state),
-            ("minibatch data", self.batch),
-            ("rollout storage", self.rollout),
-            ("activations", self.activations),
-            ("cuBLAS workspace", self.workspace),
-            ("total (allocator)", self.total),
-        ]
-        lines = [f"memory estimate ({self.parameters:,} parameters)", "-" * 32]
+        names = {"batch": "minibatch data", "rollout": "rollout storage", "workspace": "cuBLAS workspace"}
+        shown = [f.name for f in fields(self) if f.name not in ("cuda_context", "parameters")]
+        rows = [(names.get(name, name.replace("_", " ")), getattr(self, name)) for name in shown]
+        rows.append(("total (allocator)", self.total))
+        lines = [f"memory estimate ({self.parameters:,} parameters)"]
         lines += [f"{name:<18}{nbytes / 2**20:>11.2f} MiB" for name, nbytes in rows]
         if self.cuda_context:
             lines.append(f"{'+ CUDA context':<18}{self.cuda_context / 2**20:>11.2f} MiB (outside the allocator)")
@@ -474,32 +442,22 @@ def free_memory(
     cgroup: str = "/sys/fs/cgroup",
     proc_cgroup: str = "/proc/self/cgroup",
 ) -> int | None:
-    """Bytes a new allocation on ``device`` can take now, or None where it cannot be read: CUDA's free memory, or on
-    the CPU ``MemAvailable`` lowered to what the cgroup (v2) limits of this process's cgroup and its ancestors leave."""
+    """Bytes a new allocation on ``device`` can take now, or None if unknown: CUDA's free memory, or ``MemAvailable``
+    lowered to what the cgroup (v2) limits of this process's cgroup and its ancestors leave."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open(meminfo) as f:
-            kib = next((int(line.split()[1]) for line in f if line.startswith("MemAvailable:")), None)
-    except OSError:
+    lines = Path(meminfo).read_text().splitlines() if os.path.exists(meminfo) else []
+    kib = [int(line.split()[1]) for line in lines if line.startswith("MemAvailable:")]
+    if not kib:
         return None
-    if kib is None:
-        return None
-    free = kib * 1024
-    try:
-        with open(proc_cgroup) as f:
-            own = next((line.strip()[3:] for line in f if line.startswith("0::")), "/")
-    except OSError:
-        own = "/"
-    directory = Path(cgroup, own.lstrip("/"))
+    free = kib[0] * 1024
+    lines = Path(proc_cgroup).read_text().splitlines() if os.path.exists(proc_cgroup) else []
+    directory = Path(cgroup, next((line[3:] for line in lines if line.startswith("0::")), "/").lstrip("/"))
     for level in [directory, *directory.parents]:  # a job's limit binds its steps too
         try:
-            with open(level / "memory.max") as f:
-                limit = f.read().strip()
-            with open(level / "memory.current") as f:
-                used = int(f.read().strip())
+            limit = (level / "memory.max").read_text().strip()
             if limit.isdecimal():
-                free = min(free, max(0, int(limit) - used))
+                free = min(free, max(0, int(limit) - int((level / "memory.current").read_text())))
         except (OSError, ValueError):
             pass
         if level == Path(cgroup):
@@ -508,7 +466,7 @@ def free_memory(
 
 
 def _activation_bytes(model: nn.Module, example_input: torch.Tensor | tuple, batch_size: int) -> int:
-    """Sum the output sizes of every leaf module over one no-grad forward pass, scaled to ``batch_size`` rows."""
+    """The leaf modules' output bytes over one no-grad forward pass, scaled to ``batch_size`` rows."""
     total = 0
 
     def hook(_module: nn.Module, _inputs: object, output: object) -> None:
@@ -539,12 +497,8 @@ def estimate_memory(
     batch_size: int = 1,
     cudagraphs: bool = False,
 ) -> MemoryEstimate:
-    """Estimate the device memory a run needs: weights, gradients, optimizer state, data, activations, context.
-
-    Without ``activation_bytes``, activations are the leaf modules' outputs over one no-grad forward of
-    ``example_input``, scaled to ``batch_size`` rows. The cuBLAS workspaces and the CUDA context count only when the
-    weights are on a GPU; cuDNN's autotuning workspaces (taken from free memory, at each new shape) do not.
-    """
+    """The device memory a run needs; activations (without ``activation_bytes``) measured on ``example_input``. The
+    cuBLAS workspaces and CUDA context count when the weights are on a GPU; cuDNN's autotuning workspaces do not."""
     key = optimizer.lower()
     if key not in _OPTIMIZER_STATES:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(_OPTIMIZER_STATES)}")
@@ -575,8 +529,8 @@ class MicroBatch:
 
 
 def halve_on_oom(step: Callable, micro: MicroBatch, *args):
-    """``step(*args)``, again with half the micro-batch on each CUDA out-of-memory, down to one row; says the rows it
-    settled on. ``step`` must start from cleared gradients and split its minibatch into ``micro.rows`` rows."""
+    """``step(*args)``, again with half ``micro.rows`` on each CUDA out-of-memory, down to one row, said once. ``step``
+    must start from cleared gradients and split its minibatch into ``micro.rows`` rows."""
     tried = micro.rows
     while True:
         try:
@@ -596,15 +550,14 @@ def halve_on_oom(step: Callable, micro: MicroBatch, *args):
 
 
 def learning_rate_tensor(learning_rate: float, device: torch.device) -> torch.Tensor:
-    """A learning rate for Adam as a device tensor, annealed in place with ``fill_``, so a captured update needs no
-    re-capture. float64 on the CPU, where the fused Adam then computes exactly as with a Python float; float32 for
-    CUDA's fused kernel."""
+    """Adam's learning rate as a device tensor, annealed in place (``fill_``): no re-capture of a CUDA graph. float64
+    on the CPU (the fused Adam then computes exactly as with a float), float32 for CUDA's fused kernel."""
     return torch.tensor(learning_rate, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
 
 
 def compile_policy(policy: Callable, compile: bool, cudagraphs: bool) -> Callable:
-    """``--compile``: torch.compile the action step; ``--cudagraphs``: in mode reduce-overhead, torch.compile's CUDA
-    graphs, one per batch shape, each call a new step (the rollout copies the outputs before the next call)."""
+    """--compile: torch.compile the action step; --cudagraphs: mode reduce-overhead (CUDA graphs, one per shape), each
+    call a new step (the caller copies the outputs before the next)."""
     if not (compile or cudagraphs):
         return policy
     compiled = torch.compile(policy, mode="reduce-overhead" if cudagraphs else "default")
@@ -617,7 +570,7 @@ def compile_policy(policy: Callable, compile: bool, cudagraphs: bool) -> Callabl
 
 
 def all_reduce_gradients(parameters: Sequence[nn.Parameter], world_size: int) -> None:
-    """Average the gradients of ``parameters`` over the processes of a torchrun job, in one flat all_reduce."""
+    """Average the gradients over a torchrun job's processes, in one flat all_reduce."""
     import torch.distributed as dist
 
     grads = [p.grad for p in parameters]
@@ -630,26 +583,14 @@ Tensors = torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]  # w
 
 
 class CudaGraph:
-    """Run ``fn`` as one CUDA graph: LeanRL's whole-update capture (tensordict's ``CudaGraphModule``) in a few lines.
-
-    The first ``warmup`` calls run ``fn`` eagerly (and for real) on one shared side stream, so cuBLAS, the allocator
-    and the optimizer's state settle; the next captures it on static copies of its arguments, and every call from
-    then on copies its arguments in and replays. So ``fn`` takes tensors of fixed shapes, makes no host sync and
-    returns tensors that the next call overwrites (clone what you keep); an optimizer inside needs
-    ``capturable=True`` and ``zero_grad(set_to_none=True)`` first. Each replay advances the default CUDA generator;
-    other generators are not tracked. Disabled, or after a failed capture (said once), every call runs ``fn``
-    eagerly: the run goes on, slower.
-    """
+    """``fn`` as one CUDA graph (LeanRL's whole-update capture): ``warmup`` eager calls on one shared side stream, then
+    a capture on static copies of the arguments, then each call copies its arguments in and replays. So ``fn`` takes
+    tensors of fixed shapes, makes no host sync, and its outputs are overwritten by the next call; an optimizer inside
+    needs ``capturable=True``. Disabled, or after a failed capture (said once), ``fn`` runs eagerly."""
 
     warmup_stream: torch.cuda.Stream | None = None  # one for all: cuBLAS keeps a workspace per stream, never freed
 
-    def __init__(
-        self,
-        fn: Callable[..., Tensors],
-        enabled: bool = True,
-        warmup: int = 3,
-        name: str = "step",
-    ):
+    def __init__(self, fn: Callable[..., Tensors], enabled: bool = True, warmup: int = 3, name: str = "step"):
         self.fn = fn
         self.enabled = enabled
         self.warmup = warmup
@@ -694,68 +635,57 @@ class CudaGraph:
 
 
 class GPUMonitor:
-    """Sample GPU utilization and memory at ``1/interval`` Hz in a background thread (NVML via nvidia-ml-py), for
-    ``collect()``'s mean and peak since its last call: PPO's bursts of rollout and update escape one-second snapshots.
-    Nothing is sampled on the CPU, without NVML, or (said once) where NVML cannot sample the device."""
+    """GPU utilization and memory sampled every ``interval`` s in a thread (NVML, nvidia-ml-py) for ``collect()``'s
+    mean and peak since its last call (PPO's bursts escape one-second snapshots). Samples nothing on the CPU, without
+    NVML, or (said once) where NVML cannot sample the device."""
 
     def __init__(self, device: torch.device | str, interval: float = 0.1) -> None:
         self.device = torch.device(device)
         self.interval = interval
-        self.note = ""  # why nothing is sampled, when it is not
-        self._samples: list[tuple[float, float]] = []
-        self._lock = threading.Lock()
+        self.samples: deque[tuple[float, float]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._nvml = None
-        self._handle = None
 
     def start(self) -> GPUMonitor:
-        """Start sampling (nothing on CPU or without NVML); returns self. ``with GPUMonitor(...)`` calls it."""
+        """Start sampling (nothing on the CPU or without NVML); returns self."""
         if self.device.type != "cuda":
             return self
         try:
-            import pynvml  # provided by nvidia-ml-py, an optional dependency
+            import pynvml  # nvidia-ml-py, an optional dependency
         except ImportError:
             return self
         try:
             pynvml.nvmlInit()
-            self._nvml = pynvml
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            self._handle = _nvml_handle(pynvml, str(torch.cuda.get_device_properties(index).uuid))
-            self._sample()  # fails here, once, when this device cannot be sampled
+            handle = _nvml_handle(pynvml, str(torch.cuda.get_device_properties(index).uuid))
+
+            def sample() -> tuple[float, float]:
+                util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                return float(util), pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+
+            sample()  # fails here, once, when this device cannot be sampled
         except Exception as exc:  # monitoring is a nicety, never a reason to fail a run
-            self.note = f"GPU monitor: NVML cannot sample {self.device} ({type(exc).__name__}: {exc}); no gpu/* logs"
-            print(self.note)
+            print(f"GPU monitor: NVML cannot sample {self.device} ({type(exc).__name__}: {exc}); no gpu/* logs")
             return self
-        self._thread = threading.Thread(target=self._run, name="GPUMonitor", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(sample,), name="GPUMonitor", daemon=True)
         self._thread.start()
         return self
 
-    def _sample(self) -> tuple[float, float]:
-        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
-        used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20
-        return float(util), float(used)
-
-    def _run(self) -> None:
+    def _run(self, sample: Callable[[], tuple[float, float]]) -> None:
         while not self._stop.is_set():
             try:
-                sample = self._sample()
+                self.samples.append(sample())
             except Exception as exc:
-                self.note = f"GPU monitor: sampling stopped ({type(exc).__name__}: {exc})"
-                print(self.note)
+                print(f"GPU monitor: sampling stopped ({type(exc).__name__}: {exc})")
                 return
-            with self._lock:
-                self._samples.append(sample)
             self._stop.wait(self.interval)
 
     def collect(self) -> dict[str, float]:
         """Mean and peak utilization (%) and memory used (MiB) since the last call; ``{}`` when not sampling."""
-        with self._lock:
-            samples, self._samples = self._samples, []
+        samples = [self.samples.popleft() for _ in range(len(self.samples))]  # the thread appends meanwhile
         if not samples:
             return {}
-        utils = [s[0] for s in samples]
-        mems = [s[1] for s in samples]
+        utils, mems = zip(*samples)
         return {
             "gpu/util_mean": sum(utils) / len(utils),
             "gpu/util_peak": max(utils),
@@ -763,26 +693,15 @@ class GPUMonitor:
             "gpu/mem_peak_mib": max(mems),
         }
 
-    def __enter__(self) -> GPUMonitor:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
-        """Stop the sampling thread and release NVML."""
+        """Stop sampling (NVML is released at exit)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
 
 
 def _nvml_handle(pynvml, uuid: str):
-    """The NVML handle of the GPU (or MIG instance) with this CUDA UUID (torch gives it without the GPU- prefix)."""
+    """The NVML handle of the GPU or MIG instance of this CUDA UUID (torch's lacks the GPU- prefix)."""
     bare = uuid.removeprefix("GPU-").removeprefix("MIG-")
     for i in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -794,24 +713,19 @@ def _nvml_handle(pynvml, uuid: str):
 
 
 def describe(sessions: int = 4) -> str:
-    """A readable report of what this machine offers and where ``sessions`` runs would rotate."""
-    lines = [f"torch {torch.__version__}", f"CUDA available: {torch.cuda.is_available()}"]
+    """What this machine offers, and where ``sessions`` runs would rotate."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    lines.append(f"GPU count: {count}")
+    lines = [f"torch {torch.__version__}", f"CUDA available: {torch.cuda.is_available()}", f"GPU count: {count}"]
     for i in range(count):
         props = torch.cuda.get_device_properties(i)
-        major, minor = props.major, props.minor
-        lines.append(
-            f"  cuda:{i} {props.name}  {props.total_memory / 2**30:.1f} GiB  compute capability {major}.{minor}"
-            f"  TF32 {'applies' if major >= 8 else 'does not apply'}"
-        )
+        memory = f"{props.total_memory / 2**30:.1f} GiB"
+        lines.append(f"  cuda:{i} {props.name}  {memory}  compute capability {props.major}.{props.minor}")
     offset = _env_int("CUDA_OFFSET", 0)
-    if count:
-        placement = ", ".join(f"{s}->cuda:{rotate(s, offset, count)}" for s in range(sessions))
-        lines.append(f"CUDA_OFFSET={offset}: sessions {placement}")
-    else:
-        lines.append("no GPU: every session runs on the CPU")
+    placement = (
+        ", ".join(f"{s}->cuda:{rotate(s, offset, count)}" for s in range(sessions)) if count else "all on the CPU"
+    )
     budget = thread_budget()
+    lines.append(f"CUDA_OFFSET={offset}: sessions {placement}")
     lines.append(f"CPU threads for one run: {budget.threads} ({budget.why}; os.cpu_count() = {os.cpu_count()})")
     return "\n".join(lines)
 

@@ -1,7 +1,5 @@
-"""The run's lifecycle, written once for every training script: the flags of how and where a run runs, one-line
-errors, checkpoints, the run folder's lock, stop signals, TensorBoard and W&B, the config print, progress and the
-end of a run. Each script keeps its algorithm and calls this in a few visible lines. Importing it has no side effects.
-"""
+"""A run's lifecycle for every training script: run flags, one-line errors, checkpoints, the run folder's lock, stop
+signals, TensorBoard and W&B, config, progress, the end of a run. Importing it has no side effects."""
 
 from __future__ import annotations
 
@@ -27,15 +25,14 @@ from tqdm import tqdm
 
 import gpu_utils
 
-CHECKPOINT_STATUSES = ("running", "stopped", "finished", "diverged")
-"""What a checkpoint's ``status`` says: running (a periodic checkpoint), stopped (on a signal), finished (its total
-reached), diverged (NaN or infinite weights came after it; its weights are the last finite ones)."""
+try:
+    import fcntl
+except ImportError:  # Windows: no locks
+    fcntl = None
 
-RUN_LOCK = ".lock"
-"""The file in a run folder that a live run holds locked (``fcntl.flock``) for as long as it trains."""
-
-TRAINING_KEYS = {"optimizer", "iteration", "global_step", "rng", "run_name"}
-"""What a checkpoint must hold for --resume (a --save-model file holds only the model and its args)."""
+CHECKPOINT_STATUSES = ("running", "stopped", "finished", "diverged")  # diverged: NaN weights came after it
+RUN_LOCK = ".lock"  # the file in a run folder that a live run holds locked (flock)
+TRAINING_KEYS = {"optimizer", "iteration", "global_step", "rng", "run_name"}  # what --resume needs
 
 
 class CheckpointError(ValueError):
@@ -95,26 +92,20 @@ class RunArgs:
     """rows per backward pass: auto (the whole minibatch, halved on CUDA out-of-memory) or N"""
 
 
-RUN_FLAGS = {f.name for f in dataclasses.fields(RunArgs)}
-"""The flags ``--resume`` takes from the command line in every script; a script adds its own to ``RUNTIME_FLAGS``."""
-
-
+RUN_FLAGS = {f.name for f in dataclasses.fields(RunArgs)}  # what --resume takes from the command line
 STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
-"""Ctrl-C, kill, timeout and scancel; a closed terminal or ssh session (SIGHUP, not on Windows)."""
 
 
 def on_stop_signals(handler: Callable[[int, object], None]) -> None:
-    """Make ``handler`` answer the STOP_SIGNALS; but a SIGHUP that `nohup` told this process to ignore stays ignored:
-    such a run was asked to outlive its terminal."""
+    """``handler`` answers Ctrl-C, kill, scancel and a closed terminal; but a SIGHUP that `nohup` ignores stays so."""
     for sig in STOP_SIGNALS:
         if sig in (signal.SIGINT, signal.SIGTERM) or signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, handler)
 
 
 def stop_in_one_line() -> None:
-    """Until a :class:`Run` takes them over, the STOP_SIGNALS and a closed stdout (``| head``) end the process at once
-    with one line and status 128 + the signal (SIGPIPE's for stdout): nothing is written before a run starts, nor by
-    --eval-checkpoint. Not a traceback, nor the C++ abort of a KeyboardInterrupt inside MuJoCo's warning callback."""
+    """Until ``stop_on_signals``, a stop signal or a closed stdout (``| head``) ends the process at once with one line
+    and status 128 + the signal: not a traceback, nor a KeyboardInterrupt's C++ abort in MuJoCo's callback."""
 
     def stop(signum: int, why: str) -> None:
         sys.stdout.flush()
@@ -129,7 +120,7 @@ def stop_in_one_line() -> None:
 
 class StdoutGuard:
     """``sys.stdout`` whose reader may go away (``| head``, a closed terminal): the write that finds it gone calls
-    ``on_close`` once, and the rest goes to os.devnull, where a bare print would raise BrokenPipeError mid-run."""
+    ``on_close`` once, and the rest goes to os.devnull (a bare print would raise BrokenPipeError mid-run)."""
 
     def __init__(self, stream, on_close: Callable[[], None]) -> None:
         self.stream = stream
@@ -137,21 +128,19 @@ class StdoutGuard:
         self.gone = False
 
     def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except OSError as exc:
-            self._gone(exc)
-            return len(text)
+        self._guard(self.stream.write, text)
+        return len(text)
 
     def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except OSError as exc:
-            self._gone(exc)
+        self._guard(self.stream.flush)
 
-    def _gone(self, exc: OSError) -> None:
-        if exc.errno not in (errno.EPIPE, errno.EIO):  # a pipe without a reader, a closed terminal; else not ours
-            raise exc
+    def _guard(self, method: Callable, *args) -> None:
+        try:
+            method(*args)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.EIO):  # a pipe without a reader, a closed terminal; else not ours
+                raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # the buffered rest too, flushed at exit
         if not self.gone:
             self.gone = True
@@ -163,7 +152,7 @@ class StdoutGuard:
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """A ValueError or FileNotFoundError raised inside ends the process with one ``error: ...`` line, status 2."""
+    """A ValueError or FileNotFoundError inside ends the process with one ``error: ...`` line, status 2."""
     try:
         yield
     except (ValueError, FileNotFoundError) as exc:
@@ -179,8 +168,8 @@ def check(conditions: dict[str, bool]) -> None:
 
 
 def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
-    """The one-line error of each setting that several scripts share, for the fields ``args`` has (PPO's too);
-    ``one_process``: a script with no torchrun mode, whose processes would each act as the only one."""
+    """The one-line error of each setting the scripts share, for the fields ``args`` has; ``one_process``: a script
+    without torchrun."""
     fields = vars(args)
     every = args.checkpoint_every
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -225,8 +214,8 @@ def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
 
 
 def select_device(args, prefer_cpu: str = "") -> tuple[torch.device, str]:
-    """The device that --gpu, --session and --cuda-offset ask for (gpu_utils.select_device) and why, made current;
-    with --gpu auto, the CPU where ``prefer_cpu`` says why it is faster there. --cudagraphs needs CUDA."""
+    """The device of --gpu, --session, --cuda-offset and why, made current; --gpu auto: the CPU if ``prefer_cpu``
+    says why it is faster."""
     if args.gpu == "auto" and prefer_cpu:
         device, why = torch.device("cpu"), f"--gpu auto: {prefer_cpu}"
     else:
@@ -239,24 +228,22 @@ def select_device(args, prefer_cpu: str = "") -> tuple[torch.device, str]:
 
 
 def seed(seed: int, offset: int = 0) -> None:
-    """Seed python's, numpy's and torch's generators: the model starts from ``seed`` in every process (identical
-    copies under torchrun); python's and numpy's draws differ by ``offset`` (the process rank)."""
+    """Seed python, numpy (``seed + offset``, the rank) and torch (``seed``: the same model in every process)."""
     random.seed(seed + offset)
     np.random.seed(seed + offset)
     torch.manual_seed(seed)
 
 
 def new_run_name(env: str, args) -> str:
-    """<env>__<exp_name>__<seed>__<unix time>: a new run's folder under runs/, the name sweeps and reports parse."""
+    """<env>__<exp_name>__<seed>__<unix time>, the name sweeps and reports parse."""
     return f"{env.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
 
 def print_config(
     args, given: dict, resumed: bool, runtime_flags: set, total_steps: int, sources: dict | None = None
 ) -> None:
-    """Print the settings that define the run (not how or where it runs), each with where its value came from:
-    the checkpoint, ``sources`` (a preset, say), derived from others, the command line, or the default; and say
-    when --total-timesteps is rounded down to ``total_steps``, whole iterations (as CleanRL's scripts do, but said)."""
+    """Print the run's settings with their sources (checkpoint, ``sources`` such as a preset, derived, command line,
+    default), and say when --total-timesteps is rounded down to ``total_steps``, whole iterations."""
     defaults = type(args)()
     print("config:")
     for key, value in vars(args).items():
@@ -272,9 +259,8 @@ def print_config(
 
 
 def resume_command(path: str) -> str:
-    """The command that continues a run: this process's own, its --resume (if any) replaced by ``path``, so the flags
-    of how it runs (--track, --save-model, ...) come along; what it trains comes from the checkpoint. It starts with
-    this Python (or torchrun with as many processes), so that it works when pasted."""
+    """This process's command with ``--resume path`` (its own dropped), started by this Python (or torchrun with as
+    many processes), so that it works when pasted."""
     words = []
     argv = iter(sys.argv[1:])
     for word in argv:
@@ -299,8 +285,7 @@ def end_evaluation(env: str, returns: np.ndarray, more: str = "") -> None:
 
 
 def print_device(device: torch.device, why: str, tf32: bool, amp: bool, share: gpu_utils.CpuShare, envs: str) -> None:
-    """The start-up lines every run prints: its device and why, bf16's cost on this device, its CPU threads and what
-    its envs step on (``envs``)."""
+    """The start-up lines: device and why, bf16's cost here, CPU threads and what the envs step on (``envs``)."""
     print(f"device: {device} ({why}){', TF32 on' if tf32 else ''}")
     note = gpu_utils.bf16_note(device) if amp else ""
     if note:
@@ -310,8 +295,7 @@ def print_device(device: torch.device, why: str, tf32: bool, amp: bool, share: g
 
 # ---------------------------------------------------------------- checkpoints
 def read_checkpoint(path: str | os.PathLike, script: str = "training") -> dict:
-    """The dict a training script saved at ``path``, read as data only (``weights_only``: a pickle that would run code
-    is refused); every reader of checkpoints goes through here. Errors are one line."""
+    """The dict a script saved at ``path``, read as data only (``weights_only``); errors are one line."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         what = "is a folder" if os.path.isdir(path) else "does not exist"
@@ -344,8 +328,8 @@ def load_checkpoint(path: str, script: str, training: bool = False) -> dict:
 
 
 def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
-    """--resume: the run's settings come from the checkpoint, saying which typed ones it overrides; how and where it
-    runs (``runtime_flags``) from the command line."""
+    """--resume: the run's settings from the checkpoint (saying which typed ones it overrides), ``runtime_flags``
+    from the command line."""
     settings = {k: v for k, v in ckpt["args"].items() if k not in runtime_flags and hasattr(args, k)}
     # the flags on the command line, read from it: a typed value may equal the default (--no-x is x's)
     given = {w[2:].split("=")[0].replace("-", "_").removeprefix("no_") for w in sys.argv[1:] if w.startswith("--")}
@@ -357,8 +341,7 @@ def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
 
 
 def exit_if_done(ckpt: dict | None, num_iterations: int, path: str | None, is_main: bool = True) -> None:
-    """A resumed run that has reached its total has nothing left to train: say so, write nothing but its status
-    (finished, however it got there), and exit 0."""
+    """A resumed run that has reached its total: say so, mark its checkpoint finished, and exit 0."""
     if ckpt is None or ckpt["iteration"] < num_iterations:
         return
     if is_main:
@@ -372,10 +355,8 @@ def exit_if_done(ckpt: dict | None, num_iterations: int, path: str | None, is_ma
 
 
 def load_states(modules: dict, ckpt: dict, path: str, device: torch.device | None = None, rank: int = 0) -> None:
-    """Load a checkpoint's states into ``modules`` (key -> module, optimizer or env), or exit with one line when
-    they do not fit; with ``device`` (--resume) this process's random state too, and say so once. An optimizer keeps
-    this run's learning rate tensor and its implementation flags (``capturable``, ``fused``...): they follow the
-    device, so a CPU checkpoint can resume with --cudagraphs and back."""
+    """Load ``ckpt``'s states into ``modules`` (key -> module, optimizer or env), or exit with one line; with ``device``
+    (--resume) the random state too, said once. An optimizer keeps this run's lr tensor and its flags."""
     try:
         for key, module in modules.items():
             own = [dict(group) for group in getattr(module, "param_groups", [])]
@@ -393,14 +374,12 @@ def load_states(modules: dict, ckpt: dict, path: str, device: torch.device | Non
 
 
 def weights_finite(params) -> torch.Tensor:
-    """1.0 when every weight is finite, else 0.0, as a device float read with the other logged scalars (no sync of
-    its own): a diverged update leaves NaN or infinite weights, and those must not replace the last checkpoint."""
+    """1.0 when every weight is finite, else 0.0, a device float read with the logged scalars (no sync of its own)."""
     return torch.stack([p.isfinite().all() for p in params]).all().float()
 
 
 def mark_diverged(path: str) -> str:
-    """Set the status of the checkpoint at ``path`` to diverged, keeping its (last finite) weights; returns what the
-    error line says of it."""
+    """Mark the checkpoint at ``path`` diverged (its weights are the last finite ones); what the error line says."""
     if not os.path.exists(path):
         return "no checkpoint had been written yet"
     try:
@@ -414,8 +393,7 @@ def mark_diverged(path: str) -> str:
 
 # ---------------------------------------------------------------- the run folder's lock
 def new_run_dir(name: str) -> str:
-    """Make a new run's folder, runs/``name``, and return its name. A run started in the same second with the same env,
-    exp_name and seed has taken it: then the next free second's name, so no run writes into another's folder."""
+    """Make runs/``name`` and return its name, or the next free second's when a run started in the same second."""
     prefix, stamp = name.rsplit("__", 1)
     second = int(stamp)
     try:
@@ -431,15 +409,11 @@ def new_run_dir(name: str) -> str:
 
 
 def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
-    """Hold ``<run_dir>/.lock`` while this process lives, so no second process writes into a live run's folder.
-    Returns the descriptor to keep open, or None where locks do not work; ``RunInUse`` when another process holds it."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
+    """Hold ``<run_dir>/.lock`` while this process lives (no second process writes there): the descriptor to keep, or
+    None where locks do not work; ``RunInUse`` when another process holds it."""
     os.makedirs(run_dir, exist_ok=True)
     path = Path(run_dir, RUN_LOCK)
-    fd = gpu_utils.open_own_file(path, os.O_RDWR | os.O_CREAT)
+    fd = gpu_utils.open_own_file(path, os.O_RDWR | os.O_CREAT) if fcntl else None
     if fd is None:
         return None
     try:
@@ -456,22 +430,16 @@ def lock_run_dir(run_dir: str | os.PathLike) -> int | None:
 
 def run_is_live(run_dir: str | os.PathLike) -> bool:
     """True while a process holds ``<run_dir>/.lock``: the run is training now (the OS frees a killed run's lock)."""
-    try:
-        import fcntl
-    except ImportError:
-        return False
-    fd = gpu_utils.open_own_file(Path(run_dir, RUN_LOCK), os.O_RDONLY)
+    fd = gpu_utils.open_own_file(Path(run_dir, RUN_LOCK), os.O_RDONLY) if fcntl else None
     if fd is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
         return False
+    except OSError as exc:
+        return isinstance(exc, BlockingIOError)
     finally:
         os.close(fd)
-    return False
 
 
 # ---------------------------------------------------------------- the run: its folder, logs, stop flag and end
@@ -480,8 +448,8 @@ STOP: list[str] = []
 
 
 def stop_on_signals(is_main: bool = True) -> list[str]:
-    """From now on SIGINT, SIGTERM, SIGHUP and a closed stdout ask the run to stop after this iteration, with a
-    checkpoint, instead of ending the process; returns the list that fills with their names (``STOP``)."""
+    """From now on a stop signal or a closed stdout asks the run to stop after this iteration, with a checkpoint;
+    returns the list that fills with their names (``STOP``)."""
 
     def on_signal(signum: int, frame) -> None:
         name = signal.Signals(signum).name
@@ -496,8 +464,7 @@ def stop_on_signals(is_main: bool = True) -> list[str]:
 
 
 def run_folder(run_name: str, resume: str | None, is_main: bool = True) -> str:
-    """The run's folder: a resumed run's is its checkpoint's, a new one's is made as runs/<run_name>. The main process
-    holds its lock while it lives, so no second process writes into a live run."""
+    """The checkpoint's folder on --resume, else a new runs/<run_name>; the main process holds its lock."""
     if resume:
         run_dir = os.path.dirname(resume) or "."
     elif is_main:
@@ -605,10 +572,8 @@ def save_checkpoint(path: str | os.PathLike, **state) -> bool:
 
 
 def end_run(writer, run_dir: str, step: int, total_steps: int, started: float, diverged: bool) -> None:
-    """The end of a run (main process): the peak memory on a GPU, the done line, the logs closed, W&B marked failed
-    when it diverged. From here a stop signal is ignored: nothing is left to stop, and in the interpreter's teardown
-    a SIGTERM would kill the finished run (status 143, which a sweep reads as stopped before its first checkpoint).
-    A diverged run ends with one error line, its checkpoint marked diverged, and status 1."""
+    """The end of a run: peak GPU memory, the done line, logs closed; stop signals ignored from here (a SIGTERM in the
+    teardown would end a finished run with 143). Diverged: the checkpoint marked so, one error line, status 1."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     if writer is not None:
@@ -633,7 +598,7 @@ def end_run(writer, run_dir: str, step: int, total_steps: int, started: float, d
 
 
 def exit_now(status: int) -> None:
-    """Flush the output and end the process with ``status``, skipping the rest of the interpreter's teardown."""
+    """Flush the output and end the process, skipping the interpreter's teardown."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
@@ -641,8 +606,7 @@ def exit_now(status: int) -> None:
 
 # ---------------------------------------------------------------- videos
 class VideoRecorder:
-    """Writes env 0's games to videos/<run name>/episode-<k>.mp4 beside runs/ on a capped cubic schedule (games 0, 1, 8, 27, ..., 729,
-    then every 1000th)."""
+    """Env 0's games to videos/<run name>/episode-<k>.mp4 beside runs/: games 0, 1, 8, 27, ..., 729, every 1000th."""
 
     def __init__(self, run_dir: str, start_step: int, fps: int):
         name = os.path.basename(os.path.normpath(run_dir))
@@ -666,13 +630,11 @@ class VideoRecorder:
         return self.write(f"episode-{episode}.mp4")
 
     def close(self) -> str | None:
-        """At the end of a run (or its stop): the recorded game still being played, if any, to
-        episode-<k>-unfinished.mp4; returns its path."""
+        """At the end (or a stop): the recorded game still being played, if any, to episode-<k>-unfinished.mp4."""
         return self.write(f"episode-{self.episode}-unfinished.mp4") if self.frames else None
 
     def write(self, name: str) -> str | None:
-        """The recorded frames to <folder>/``name``; None, with a warning, when ffmpeg fails: a Ctrl-C to the process
-        group stops it too, and the run must still stop cleanly with its checkpoint."""
+        """The recorded frames to <folder>/``name``; None, with a warning, when ffmpeg fails (a Ctrl-C stops it too)."""
         path = os.path.join(self.folder, name)
         try:
             from moviepy import ImageSequenceClip  # slow import, only needed with --capture-video

@@ -43,18 +43,25 @@ def oom_prefix(layer: str, limit: int) -> list[str]:
 
 
 def assert_micro_batches_match(loss, batch, params, micro_batch: int, atol: float) -> None:
-    """gpu_utils.accumulate_gradients over micro-batches of ``micro_batch`` rows gives the whole batch's stats and
-    gradients, up to float rounding (``loss(*rows)`` returns (loss, stats))."""
+    """The scripts' micro-batch loop (ppo_atari's update_step) over chunks of ``micro_batch`` rows, each loss weighted
+    by its share of the rows, gives the whole batch's stats and gradients, up to float rounding (``loss(*rows)``
+    returns (loss, stats by name))."""
     import torch
-
-    import gpu_utils
 
     full_loss, full_stats = loss(*batch)
     full_loss.backward()
     full = [p.grad.clone() for p in params]
-    micro = gpu_utils.MicroBatch(micro_batch)
-    stats = gpu_utils.accumulate_gradients(loss, batch, micro, params)
-    assert micro.rows == micro_batch and micro.backoffs == []
+    for p in params:
+        p.grad = None
+    rows = len(batch[0])
+    stats = {}
+    for start in range(0, rows, micro_batch):
+        chunk = [t[start : start + micro_batch] for t in batch]
+        chunk_loss, chunk_stats = loss(*chunk)
+        weight = len(chunk[0]) / rows
+        (chunk_loss * weight).backward()
+        stats = {name: stats.get(name, 0) + value * weight for name, value in chunk_stats.items()}
+    assert rows > micro_batch, "the batch must split into several micro-batches"
     torch.testing.assert_close(stats, full_stats, atol=atol, rtol=1e-5)
     for g, p in zip(full, params):
         torch.testing.assert_close(p.grad, g, atol=atol, rtol=1e-4)

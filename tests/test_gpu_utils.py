@@ -2,8 +2,10 @@
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 
 import gpu_utils
+import run_utils
 from gpu_utils import BatchSizeError, DeviceError, choose_batch_size, rotate, select_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,60 +223,47 @@ def test_estimate_memory_measures_activations():
         gpu_utils.estimate_memory(model, "lbfgs")
 
 
-def _loss_and_model():
+def test_halve_on_oom_halves_the_micro_batch_until_the_step_fits(capsys):
+    """A step that runs out of memory above 4 rows per backward pass: its micro-batch halves 32 -> 16 -> 8 -> 4, the
+    step starts over each time (from cleared gradients), the back-off is said once and kept for the log."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-    batch = (torch.randn(37, 8), torch.randn(37, 1))
-
-    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        err = (model(x) - y) ** 2
-        return err.mean(), torch.stack([err.mean().detach(), err.max().detach()])
-
-    return model, loss_fn, batch
-
-
-def test_accumulate_gradients_matches_full_backward():
-    model, loss_fn, batch = _loss_and_model()
-    loss, _ = loss_fn(*batch)
-    loss.backward()
+    x, y = torch.randn(37, 8), torch.randn(37, 1)
+    ((model(x) - y) ** 2).mean().backward()
     full = [p.grad.clone() for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = torch.full_like(p, 5.0)  # stale gradients from an earlier minibatch are cleared, not added to
-    micro = gpu_utils.MicroBatch(8)
-    stats = gpu_utils.accumulate_gradients(loss_fn, batch, micro, parameters=list(model.parameters()))
-    assert micro == gpu_utils.MicroBatch(8)  # it fitted: no back-off
-    torch.testing.assert_close(stats[0], loss.detach())  # row-weighted means give the full minibatch's mean
-    for g_full, p in zip(full, model.parameters()):
-        torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)
-
-
-def test_accumulate_gradients_recovers_from_oom():
-    model, inner, batch = _loss_and_model()
-    inner(*batch)[0].backward()
-    full = [p.grad.clone() for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
-    calls = []
-
-    def loss_fn(x: torch.Tensor, y: torch.Tensor, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(len(x))
-        if len(x) > 4 and row[0] > 0:  # OOM part-way through, after some gradient has accumulated
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return inner(x, y)
-
-    with_rows = (*batch, torch.arange(37))
     micro = gpu_utils.MicroBatch(32)
-    gpu_utils.accumulate_gradients(loss_fn, with_rows, micro, parameters=list(model.parameters()))
-    assert micro.rows == 4 and micro.backoffs == [(32, 4)]  # 32 -> 16 -> 8 -> 4, for the run to report once
-    assert calls[:2] == [32, 5]
+    tried = []
+
+    def step(rows):
+        model.zero_grad(set_to_none=True)
+        tried.append(micro.rows)
+        for start in range(0, len(rows), micro.rows):
+            chunk = rows[start : start + micro.rows]
+            if len(chunk) > 4:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+            (((model(x[chunk]) - y[chunk]) ** 2).mean() * len(chunk) / len(rows)).backward()
+        return "done"
+
+    assert gpu_utils.halve_on_oom(step, micro, torch.arange(37)) == "done"
+    assert tried == [32, 16, 8, 4] and micro.rows == 4 and micro.backoffs == [(32, 4)]
+    assert capsys.readouterr().out == "micro-batch: CUDA out of memory at 32 rows, now 4 rows per backward pass\n"
     for g_full, p in zip(full, model.parameters()):  # the chunks done before each OOM were thrown away
         torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)
+    assert gpu_utils.halve_on_oom(step, micro, torch.arange(37)) == "done" and micro.backoffs == [(32, 4)]
+    assert capsys.readouterr().out == ""  # it fits now: nothing more said
 
-    def always_oom(*rows: torch.Tensor):
+    def always_oom(rows):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
 
     with pytest.raises(torch.cuda.OutOfMemoryError):  # one row that does not fit is a real error
-        gpu_utils.accumulate_gradients(always_oom, batch, gpu_utils.MicroBatch(8), parameters=list(model.parameters()))
+        gpu_utils.halve_on_oom(always_oom, gpu_utils.MicroBatch(8), torch.arange(8))
+
+
+def test_compile_policy_leaves_an_eager_policy_alone():
+    def policy(x):
+        return x + 1
+
+    assert gpu_utils.compile_policy(policy, compile=False, cudagraphs=False) is policy
 
 
 def test_parse_micro_batch():
@@ -485,9 +475,10 @@ def test_cpu_share_forked_worker_neither_holds_nor_releases_the_lock(eight_cpus,
 
 
 def test_gpu_monitor_is_inert_on_cpu():
-    with gpu_utils.GPUMonitor("cpu", interval=0.01) as monitor:
-        assert monitor._thread is None
-        assert monitor.collect() == {}
+    monitor = gpu_utils.GPUMonitor("cpu", interval=0.01).start()
+    assert monitor._thread is None
+    assert monitor.collect() == {}
+    monitor.close()
 
 
 class FakeNVML:
@@ -546,19 +537,18 @@ def test_gpu_monitor_finds_the_nvml_device_by_uuid(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     fake_cuda_uuid(monkeypatch, ["bbbb-2222", "aaaa-1111"])  # cuda:0 is NVML's device 1 (e.g. CUDA_DEVICE_ORDER)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb-2222,GPU-aaaa-1111")  # UUIDs: no index to map
-    with gpu_utils.GPUMonitor("cuda:0", interval=0.01) as monitor:
-        import time
-
-        time.sleep(0.1)
-        stats = monitor.collect()
+    monitor = gpu_utils.GPUMonitor("cuda:0", interval=0.01).start()
+    time.sleep(0.1)
+    stats = monitor.collect()
+    monitor.close()
     assert set(nvml.queried) == {1} and stats["gpu/util_peak"] == 71 and stats["gpu/mem_peak_mib"] == 1024
 
 
 def test_gpu_monitor_says_once_when_it_cannot_sample(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(supported=False))  # e.g. a MIG instance
     fake_cuda_uuid(monkeypatch, ["aaaa-1111"])
-    with gpu_utils.GPUMonitor("cuda:0", interval=0.01) as monitor:
-        assert monitor._thread is None and monitor.collect() == {}
+    monitor = gpu_utils.GPUMonitor("cuda:0", interval=0.01).start()
+    assert monitor._thread is None and monitor.collect() == {}
     out = capsys.readouterr().out
     assert out.count("NVML cannot sample cuda:0") == 1 and "Not Supported" in out
 
@@ -596,16 +586,15 @@ def test_select_device_true_and_tf32_on_gpu():
 def test_gpu_monitor_samples_on_gpu():
     pytest.importorskip("pynvml")
     gpu = device("true")
-    with gpu_utils.GPUMonitor(gpu, interval=0.02) as monitor:
-        x = torch.randn(2048, 2048, device=gpu)
-        for _ in range(50):
-            x = x @ x
-            x = x / x.norm()
-        torch.cuda.synchronize()
-        import time
-
-        time.sleep(0.2)
-        stats = monitor.collect()
+    monitor = gpu_utils.GPUMonitor(gpu, interval=0.02).start()
+    x = torch.randn(2048, 2048, device=gpu)
+    for _ in range(50):
+        x = x @ x
+        x = x / x.norm()
+    torch.cuda.synchronize()
+    time.sleep(0.2)
+    stats = monitor.collect()
+    monitor.close()
     assert set(stats) == {"gpu/util_mean", "gpu/util_peak", "gpu/mem_mean_mib", "gpu/mem_peak_mib"}
     assert stats["gpu/mem_peak_mib"] > 0
 
@@ -639,7 +628,9 @@ def test_memory_estimate_with_cuda_graphs_bounds_real_peak():
     model = nature_convnet(4).to(gpu)
     opt = torch.optim.Adam(model.parameters(), capturable=True)
     x = torch.zeros(256, 4, 84, 84, device=gpu)
-    est = gpu_utils.estimate_memory(model, "adam", x.numel() * 4, 0, None, x[:2], 256, cudagraphs=True)
+    est = gpu_utils.estimate_memory(
+        model, optimizer="adam", batch_bytes=x.numel() * 4, example_input=x[:2], batch_size=256, cudagraphs=True
+    )
     torch.cuda.reset_peak_memory_stats(gpu)
 
     def train_step(x):
@@ -745,20 +736,6 @@ def test_cpu_share_opens_only_regular_lock_files_of_its_own(eight_cpus, tmp_path
     assert res.returncode == 0 and res.stdout.split() == ["1", "True"], res.stdout + res.stderr  # alone, not hung
 
 
-def test_clip_grad_norm_matches_torch():
-    """The same clipped gradients as torch's own (bitwise, on the CPU), for gradients above the norm."""
-    torch.manual_seed(0)
-    grads = [torch.randn(64, 17) * 3, torch.randn(64), torch.randn(1, 6)]
-    expected = [g.clone() for g in grads]
-    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in expected]
-    for p, g in zip(params, expected):
-        p.grad = g
-    torch.nn.utils.clip_grad_norm_(params, 0.5)
-    gpu_utils.clip_grad_norm(grads, 0.5)
-    for g, e in zip(grads, expected):
-        assert torch.equal(g, e)
-
-
 def test_odd_digits_in_flags_and_variables_are_one_line_errors_or_ignored(fake_gpus, monkeypatch):
     """Before: '²' passed str.isdigit() and int() raised 'invalid literal for int()' (a traceback in describe())."""
     fake_gpus(2)
@@ -795,32 +772,92 @@ def test_free_memory_reads_this_processs_own_cgroup_and_its_ancestors(tmp_path):
 def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one_and_leaves_no_partial_file(tmp_path, capsys):
     """Before: a full disk left a partial checkpoint.pt.tmp holding the space, and a RuntimeError ('enforce fail at
     inline_container.cc') that does not say why ended a stopping run with a traceback."""
-    import run_utils
-
     path = tmp_path / "checkpoint.pt"
-    run_utils.save_checkpoint(path, model={"w": torch.zeros(4)}, status="running")
+    assert run_utils.save_checkpoint(path, model={"w": torch.zeros(4)}, status="running") is True
     tmp = tmp_path / "checkpoint.pt.tmp"
     tmp.symlink_to("/dev/full")  # every write: ENOSPC, as on a full disk
-    with pytest.raises(OSError, match="checkpoint.pt"):
-        run_utils.save_checkpoint(path, model={"w": torch.ones(4)}, status="stopped")
-    assert not os.path.lexists(tmp) and torch.load(path)["status"] == "running"
-    run = object.__new__(run_utils.Run)  # the checkpoint at a stop: one line, no traceback, the old one kept
-    run.is_main, run.wandb, run.name, run.script, run.stop = True, None, "r", "ppo_atari", ["SIGTERM"]
-    run.wandb_id = None
-    run.args, run.checkpoint_path = argparse.Namespace(seed=1), str(path)
-    tmp.symlink_to("/dev/full")
-    state = dict(model={}, optimizer={"param_groups": []}, iteration=2, global_step=256)
-    run.checkpoint(state, finished=False, stopping=True)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: no checkpoint at step 256") and "kept" in err[0], err
+    state = dict(model={"w": torch.ones(4)}, optimizer={"param_groups": []}, iteration=2, global_step=256)
+    assert run_utils.save_checkpoint(path, status="stopped", **state) is False  # one line, no traceback
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write {path} (") and "previous one is kept" in err[0]
+    assert "continue with" not in out  # a stop whose checkpoint was not written offers no command
     assert torch.load(path)["status"] == "running" and not os.path.lexists(tmp)
     # --save-model's file likewise (before: a traceback and a partial .model file), where none was written before
-    run.args, run.dir, run.is_main = argparse.Namespace(save_model=True, exp_name="x"), str(tmp_path), True
     (tmp_path / "x.model.tmp").symlink_to("/dev/full")
-    run.save_model(dict(model={"w": torch.ones(4)}))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: no model saved: cannot write") and "none was written" in err[0]
+    assert run_utils.save_checkpoint(tmp_path / "x.model", model={"w": torch.ones(4)}) is False
+    assert "none was written" in capsys.readouterr().err
     assert not os.path.lexists(tmp_path / "x.model") and not os.path.lexists(tmp_path / "x.model.tmp")
+
+
+@pytest.fixture
+def stop_handlers():
+    """Restores the stop signals' handlers and run_utils.STOP after a test that lets run_utils take them."""
+    handlers = {sig: signal.getsignal(sig) for sig in run_utils.STOP_SIGNALS}
+    yield
+    run_utils.STOP.clear()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def test_stop_on_signals_turns_a_signal_into_a_stop_request(stop_handlers, capfd):
+    stop = run_utils.stop_on_signals(is_main=True)
+    assert not stop
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+    assert stop == ["SIGTERM"]  # the process lives on: the run stops after its iteration, with a checkpoint
+    assert capfd.readouterr().err == "SIGTERM: stopping after this iteration, with a checkpoint\n"
+
+
+def test_run_folder_is_new_and_locked_or_the_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir = run_utils.run_folder("Env__x__1__100", None)
+    assert run_dir == os.path.join("runs", "Env__x__1__100") and run_utils.run_is_live(run_dir)
+    assert run_utils.run_folder("Env__x__1__100", None) == os.path.join("runs", "Env__x__1__101")  # taken: next second
+    assert run_utils.run_folder("ignored", os.path.join("old", "checkpoint.pt")) == "old"
+    with pytest.raises(ValueError, match="is in use by a live run"):  # no second process writes into a live run
+        run_utils.run_folder("ignored", os.path.join(run_dir, "checkpoint.pt"))
+    assert run_utils.run_folder("Env__x__1__100", None, is_main=False) == run_dir  # torchrun: the main process's
+
+
+def test_open_logs_then_end_run_closes_them_and_ignores_stop_signals(tmp_path, capsys, stop_handlers):
+    from helpers import scalars
+
+    args = argparse.Namespace(track=False, seed=1)
+    writer = run_utils.open_logs(str(tmp_path), args, torch.device("cpu"), 0)
+    writer.add_scalar("charts/x", 1.0, 0)
+    run_utils.end_run(writer, str(tmp_path), 10, 10, time.time(), diverged=False)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # a SIGTERM in the teardown cannot fail a finished run
+    assert capsys.readouterr().out.startswith("done: step 10/10 in ") and "charts/x" in scalars(tmp_path)
+
+
+def test_end_run_of_a_diverged_run_marks_its_checkpoint_and_exits_1(tmp_path, capsys, stop_handlers):
+    ckpt = dict(script="s", args={}, model={"w": torch.ones(1)}, status="running", global_step=5)
+    run_utils.save_checkpoint(tmp_path / "checkpoint.pt", **ckpt)
+    writer = run_utils.open_logs(str(tmp_path), argparse.Namespace(track=False), torch.device("cpu"), 0)
+    with pytest.raises(SystemExit) as end:
+        run_utils.end_run(writer, str(tmp_path), 8, 10, time.time(), diverged=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert end.value.code == 1 and len(err) == 1 and err[0].startswith("error: the update diverged by step 8")
+    assert run_utils.read_checkpoint(tmp_path / "checkpoint.pt")["status"] == "diverged"
+
+
+def test_load_states_on_resume_keeps_this_runs_learning_rate_and_restores_the_rng(capsys):
+    torch.manual_seed(0)
+    saved = nn.Linear(3, 2)
+    rng = gpu_utils.rng_state(torch.device("cpu"))
+    draw = torch.rand(3)
+    optimizer = torch.optim.Adam(saved.parameters(), lr=0.3)
+    ckpt = dict(model=saved.state_dict(), optimizer=optimizer.state_dict(), rng=[rng], global_step=7, iteration=2)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    run_utils.load_states({"model": model, "optimizer": optimizer}, ckpt, "ck.pt", device=torch.device("cpu"))
+    assert torch.equal(model.weight, saved.weight) and optimizer.param_groups[0]["lr"] == 0.1
+    assert torch.equal(torch.rand(3), draw) and capsys.readouterr().out == "resumed ck.pt at step 7 (iteration 2)\n"
+    with pytest.raises(SystemExit) as end:  # a checkpoint of another network: one line, exit 2
+        run_utils.load_states({"model": nn.Linear(4, 2)}, ckpt, "ck.pt")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert end.value.code == 2 and len(err) == 1 and err[0].startswith("error: 'ck.pt' does not fit the network/env")
 
 
 def test_a_thread_variable_as_large_as_the_machine_is_still_an_explicit_budget(eight_cpus, tmp_path, monkeypatch):
