@@ -1,6 +1,7 @@
-# Double DQN on N Snake games that live as tensors on one device (a GPU when there is one) and step together.
+# Double DQN on N Snake games that live as tensors on one device (a GPU when there is one).
 # Usage: python dqn_snake_vec.py                    python dqn_snake_vec.py --num-envs 4096 --gpu true
 import itertools
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from tqdm import tqdm
 
 import gpu_utils
 import run_utils
@@ -18,7 +20,7 @@ from snake_env import VecSnake, snake_view
 
 
 @dataclass
-class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (--gpu, --resume, --cudagraphs, ...)
+class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resume, --cudagraphs, ...)
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/Snake<H>x<W>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
@@ -26,7 +28,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
     checkpoint_every: int = 10_000
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: at the end and on a stop)"""
 
     # Algorithm specific arguments
     num_envs: int = 256
@@ -80,9 +82,8 @@ RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_mode", "log_every", "buffer_device",
 
 
 def validate(args: Args, device: torch.device | None = None) -> None:
-    """Raise ValueError with the one-line message of the first setting that cannot work; with a ``device``, also a
-    replay memory, or an n-step ring beside it, larger than the memory free there (not for --eval-checkpoint, which
-    makes neither)."""
+    """Raise ValueError with the one-line message of the first setting that cannot work; with a ``device``, also of
+    a replay memory, or an n-step ring beside it, larger than the free memory."""
     h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
     epsilons = (args.start_e, args.end_e, args.eval_epsilon)
     frequency, fraction = args.target_network_frequency, args.exploration_fraction
@@ -110,43 +111,41 @@ def validate(args: Args, device: torch.device | None = None) -> None:
         }
         | run_utils.shared_checks(args, one_process=True)
     )
-    if device is None or args.eval_checkpoint:
+    if device is None or args.eval_checkpoint:  # an evaluation makes neither
         return
-    # the replay memory holds two uint8 observations per transition: it grows with the board's area
+    # two uint8 observations a transition: the replay memory grows with the board's area; the n-step ring holds n
+    # transitions of every game on the training device, beside the replay memory when it is there too
     replay_device = torch.device("cpu") if args.buffer_device == "cpu" else device
-    replay_bytes = buffer_size * ReplayBuffer.transition_bytes((4, h, w))
-    free = gpu_utils.free_memory(replay_device)
-    if free is not None and replay_bytes > free:
-        need = f"{replay_bytes / 2**30:.1f} GiB of replay memory"
-        raise ValueError(
-            f"--buffer-size {buffer_size} on {h}x{w} boards needs {need}, more than the "
-            f"{free / 2**30:.1f} GiB free on {replay_device}; lower --buffer-size or the board size"
-        )
-    # the n-step ring holds a transition of every game per step, on the training device
-    ring_bytes = args.n_step * n * ReplayBuffer.transition_bytes((4, h, w))
-    if replay_device != device:
-        free = gpu_utils.free_memory(device)
-    left = None if free is None else free - (replay_bytes if replay_device == device else 0)
-    if left is not None and ring_bytes > left:
-        raise ValueError(
-            f"--n-step {args.n_step} with --num-envs {n} on {h}x{w} boards needs {ring_bytes / 2**30:.1f} GiB for the "
-            f"n-step ring, more than the {left / 2**30:.1f} GiB free on {device} besides the replay memory; lower "
-            "--n-step or --num-envs"
-        )
+    replay_gib = buffer_size * ReplayBuffer.transition_bytes((4, h, w)) / 2**30
+    ring_gib = args.n_step * n * ReplayBuffer.transition_bytes((4, h, w)) / 2**30
+    free = {where: gpu_utils.free_memory(where) for where in (replay_device, device)}  # None: unknown
+    free_gib = {where: math.inf if free_bytes is None else free_bytes / 2**30 for where, free_bytes in free.items()}
+    left_gib = free_gib[device] - (replay_gib if replay_device == device else 0)
+    run_utils.check(
+        {
+            f"--buffer-size {buffer_size} on {h}x{w} boards needs {replay_gib:.1f} GiB of replay memory, more than "
+            f"the {free_gib[replay_device]:.1f} GiB free on {replay_device}; lower --buffer-size or the board size": (
+                replay_gib <= free_gib[replay_device]
+            ),
+            f"--n-step {args.n_step} with --num-envs {n} on {h}x{w} boards needs {ring_gib:.1f} GiB for the n-step "
+            f"ring, more than the {left_gib:.1f} GiB free on {device} besides the replay memory; lower --n-step or "
+            "--num-envs": ring_gib <= left_gib,
+        }
+    )
 
 
 # ---------------------------------------------------------------- environment
-# The games: snake_env.VecSnake, N Snake games as tensors on the training device that step together. snake_env.py
-# holds the rules, the dense, sparse and fused step modes, and snake_view (one game's video frame).
+# snake_env.VecSnake: N Snake games as tensors on the training device that step together (the rules; the dense,
+# sparse and fused step modes), and snake_view (one game's video frame).
 
 
 # ---------------------------------------------------------------- network
 class QNetwork(nn.Module):
-    """Small ConvNet: 3x3 conv 32, 3x3 conv 32 stride 2, FC 256, one Q-value per action. Input: uint8 planes."""
+    """3x3 conv 32, 3x3 conv 32 stride 2, FC 256, one Q-value per action. Input: uint8 planes."""
 
     def __init__(self, height, width, num_actions=4, planes=4, amp: bool = False):
         super().__init__()
-        self.amp = amp  # bf16 for the trunk only: Q-values (and so targets, argmaxes and the loss) stay fp32
+        self.amp = amp  # bf16 for the trunk only: Q-values (so targets, argmaxes, the loss) stay fp32
         # head, body and food planes are 0/1; the body-order plane holds ages up to H*W: scale it to [0, 1]
         self.register_buffer("scale", torch.tensor([1.0, 1.0, 1.0, 1.0 / min(height * width, 255)]).view(1, 4, 1, 1))
         flat = 32 * ((height + 1) // 2) * ((width + 1) // 2)
@@ -180,8 +179,8 @@ def epsilon_greedy(q_values, epsilon):
 class NStep:
     """Ring of the last n steps of N games; once full, each push emits the n-step transition that started n-1 pushes
     ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the true observation after that step,
-    whether it was a termination, and the bootstrap discount gamma^(steps used). The ring's slot is a device counter
-    and every read an index, so a push makes no host sync and a CUDA graph can hold it."""
+    whether it was a termination, and the bootstrap discount gamma^(steps used). The slot is a device counter and
+    every read an index: a push makes no host sync, so a CUDA graph can hold it."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, device):
         self.n = n
@@ -209,22 +208,24 @@ class NStep:
         if self.t < self.n:
             return None
         order = (self.slot + self._steps) % self.n  # the ring's slots from the oldest step to the newest
-        rewards_k, ended_k = self.rewards.index_select(0, order), self.ended.index_select(0, order)
+        rewards_k = self.rewards.index_select(0, order)
+        ended_k = self.ended.index_select(0, order)
         running = (ended_k.cumsum(0) - ended_k.long()) == 0  # no episode end before step k
         ret = (running * self._discounts.unsqueeze(1) * rewards_k).sum(0)
         # the window's last step: its first episode end, else the newest step; one gather of the observations after it
         last = torch.where(ended_k.any(0), ended_k.long().argmax(0), self.n - 1)
-        slot, games = order[last], self._games
-        disc = self.gamma ** (last + 1.0)
+        slot = order[last]
         first = order[:1]
-        obs0, actions0 = self.obs.index_select(0, first).squeeze(0), self.actions.index_select(0, first).squeeze(0)
-        return obs0, actions0, ret, self.next_obs[slot, games], self.terminated[slot, games], disc
+        obs0 = self.obs.index_select(0, first).squeeze(0)
+        actions0 = self.actions.index_select(0, first).squeeze(0)
+        disc = self.gamma ** (last + 1.0)
+        return obs0, actions0, ret, self.next_obs[slot, self._games], self.terminated[slot, self._games], disc
 
 
 class ReplayBuffer:
-    """Preallocated replay memory of uint8 observations on the training device, or in pinned host memory
-    (``device`` cpu) with sampled batches moved to ``target`` by non-blocking copies. The write position and the
-    size are device tensors, so adding and sampling make no host sync and a CUDA graph can hold them."""
+    """Preallocated replay memory of uint8 observations on the training device, or in pinned host memory (``device``
+    cpu) with sampled batches moved to ``target`` by non-blocking copies. The write position and the size are device
+    tensors: adding and sampling make no host sync, so a CUDA graph can hold them."""
 
     def __init__(self, capacity, obs_shape, device, target):
         self.capacity = capacity
@@ -245,11 +246,11 @@ class ReplayBuffer:
 
     @staticmethod
     def transition_bytes(obs_shape) -> int:
-        """Bytes one transition takes: two uint8 observations, an int64 action, float32 reward and discount, a bool."""
+        """Two uint8 observations, an int64 action, float32 reward and discount, a bool."""
         return 2 * int(np.prod(obs_shape)) + 8 + 4 + 4 + 1
 
     def add(self, *batch):
-        """Add a batch of transitions (obs, actions, rewards, next_obs, terminated, discounts), wrapping around."""
+        """Add a batch of (obs, actions, rewards, next_obs, terminated, discounts), wrapping around."""
         n = batch[0].shape[0]
         idx = (torch.arange(n, device=self.device) + self.ptr) % self.capacity
         for store, value in zip(self.fields, batch):
@@ -269,7 +270,7 @@ class ReplayBuffer:
 
 def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminated, discounts):
     """Double DQN Huber loss over a (micro-)batch: the online network picks the next action, the target network
-    rates it. Returns (loss, statistics by name: the loss and the mean Q-value)."""
+    rates it. Returns (loss, statistics by name)."""
     with torch.no_grad():
         next_actions = q_network(next_obs).argmax(1, keepdim=True)
         next_q = target_network(next_obs).gather(1, next_actions).squeeze(1)
@@ -279,22 +280,10 @@ def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminat
     return loss, {"td_loss": loss.detach(), "q_values": q.detach().mean()}
 
 
-# ---------------------------------------------------------------- checkpoint and evaluation
-def load_checkpoint(path: str, training: bool = False) -> dict:
-    """A checkpoint.pt or .model file this script wrote (run_utils.load_checkpoint; older files of another script
-    have no board size); ``training``: it holds the games' state too."""
-    ckpt = run_utils.load_checkpoint(path, "dqn_snake_vec", lambda args: {"height", "width"} <= set(args), training)
-    if training and "env" not in ckpt:
-        raise run_utils.CheckpointError(
-            f"{path!r} holds no games' state; resume from a checkpoint.pt this script wrote"
-        )
-    return ckpt
-
-
 @torch.no_grad()
 def evaluate(env, act):
-    """Play one game on every board and return each board's first (return, score, final length): averaging games
-    in the order they end would favour short ones."""
+    """Play one game on every board and return each board's first (return, score, final length): averaging games in
+    the order they end would favour short ones."""
     obs = env.reset()
     finished = torch.zeros(env.n, dtype=torch.bool, device=env.device)
     stats = torch.zeros(3, env.n, device=env.device)
@@ -306,17 +295,33 @@ def evaluate(env, act):
     return stats.cpu().numpy()
 
 
+def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_graph: bool):
+    """The run's device memory: besides the Q-network and Adam, the target network, the games, the n-step ring and
+    (unless on the host) the replay memory; activations of three forwards of a batch, or of acting on every game."""
+    resident = [*target_network.parameters(), *env._bufs, env.ages, nstep.obs, nstep.next_obs]
+    resident += rb.fields if rb.device == rb.target else ()
+    fused = env.n * env.hw * (2 * 4 + 4) if env.mode == "fused" else 0  # a step's observations (uint8), food draw
+    return gpu_utils.estimate_memory(
+        q_network,
+        batch_bytes=args.batch_size * ReplayBuffer.transition_bytes(nstep.obs.shape[2:]),
+        rollout_bytes=sum(t.nbytes for t in resident) + fused,
+        example_input=nstep.obs[0, :1],
+        batch_size=max(3 * args.batch_size, env.n),
+        cudagraphs=use_graph,
+    )
+
+
 if __name__ == "__main__":
     # ---------------- arguments and their checks
     run_utils.stop_in_one_line()  # until the run starts
     args = tyro.cli(Args)
     given = dict(vars(args))
     with run_utils.one_line_errors():
-        ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
+        ckpt = run_utils.load_checkpoint(args.resume, "dqn_snake_vec", training=True) if args.resume else None
         if ckpt:
             run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
-        eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
-        if eval_ckpt:  # the board of the saved network; the rest of the evaluation comes from the command line
+        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "dqn_snake_vec") if args.eval_checkpoint else None
+        if eval_ckpt:  # the saved network's board; the rest of the evaluation is the command line's
             args.height = eval_ckpt["args"]["height"]
             args.width = eval_ckpt["args"]["width"]
         validate(args)
@@ -331,7 +336,6 @@ if __name__ == "__main__":
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     gpu_utils.limit_threads(threads.threads)
     n, h, w = args.num_envs, args.height, args.width
-    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(f"Snake{h}x{w}", args)
     run_utils.seed(args.seed)
     if eval_ckpt:
         env = VecSnake(args.eval_episodes, h, w, device=device, seed=args.seed, mode=args.env_mode)
@@ -340,17 +344,20 @@ if __name__ == "__main__":
         returns, scores, lengths = evaluate(env, lambda obs: epsilon_greedy(q_network(obs), args.eval_epsilon))
         more = f" (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
         run_utils.end_evaluation(f"Snake{h}x{w}", returns, more)
-    # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
-    cpu_share = gpu_utils.CpuShare(threads)
+    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
+    total_steps = num_iterations * n
     run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, "the games are torch ops too")
-    run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, {}, "config:")
+    run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps)
 
     # ---------------- logging
     start_iteration = ckpt["iteration"] if ckpt else 0
+    global_step = start_iteration * n
+    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(f"Snake{h}x{w}", args)
     with run_utils.one_line_errors():  # another process may be training in this run folder
-        run = run_utils.Run(
-            args, "dqn_snake_vec", run_name, ckpt, device, cpu_share, num_iterations * n, start_iteration * n
-        )
+        run_dir = run_utils.run_folder(run_name, args.resume)
+        writer = run_utils.open_logs(run_dir, args, device, global_step, ckpt and ckpt["wandb_id"])
+    pbar = tqdm(total=total_steps, initial=global_step, disable=not args.progress_bar, unit_scale=True)
+    monitor = gpu_utils.GPUMonitor(device).start()
 
     # ---------------- env and network
     env_mode = "fused" if args.cudagraphs and args.env_mode == "auto" else args.env_mode
@@ -362,6 +369,7 @@ if __name__ == "__main__":
     target_network = QNetwork(h, w, amp=args.amp).to(device)
     target_network.load_state_dict(q_network.state_dict())
     params = list(q_network.parameters())
+    target_params = list(target_network.parameters())
     buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
     graph_blockers = {  # why a training step cannot be one CUDA graph: each needs the host inside the step
         f"--micro-batch {micro.rows} splits the batch of {args.batch_size}": micro.rows < args.batch_size,
@@ -369,42 +377,74 @@ if __name__ == "__main__":
         f"--env-mode {env.mode}: only the fused step updates the games in place": env.mode != "fused",
         "--target-network-frequency above 1 counts the updates on the host": args.target_network_frequency != 1,
     }
-    use_graph = args.cudagraphs and not any(graph_blockers.values())
+    blocker = next((why for why, blocks in graph_blockers.items() if blocks), "")
+    use_graph = args.cudagraphs and not blocker
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True, capturable=use_graph)
-    if ckpt:
+    if ckpt:  # the replay memory starts empty: --learning-starts counts again
         modules = dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env)
-        run_utils.resume_states(
-            modules, ckpt, args.resume, device, num_iterations, note="; the replay memory starts empty"
-        )
+        run_utils.load_states(modules, ckpt, args.resume, device=device)
         obs = env.observe()
-    global_step = start_iteration * n
 
+    @torch.no_grad()
     def act(obs, epsilon):
-        with torch.no_grad():
-            return epsilon_greedy(q_network(obs), epsilon)
+        return epsilon_greedy(q_network(obs), epsilon)
 
-    captured = "both" if use_graph else ""  # the training step's own graph holds the action step and the loss
-    act, loss_fn = gpu_utils.compile_steps(act, td_loss, args.compile, args.cudagraphs, captured)
+    # a captured training step holds the action step too: then it compiles in mode default
+    act = gpu_utils.compile_policy(act, args.compile or args.cudagraphs, args.cudagraphs and not use_graph)
+    loss_fn = torch.compile(td_loss) if args.compile or args.cudagraphs else td_loss
 
-    def mb_loss(*data):  # the loss of the rows of one (micro-)batch
-        return loss_fn(q_network, target_network, *data)
-
-    # ---------------- storage: replay memory and the n-step ring on the device (replay: pinned host memory with cpu)
+    # ---------------- storage: replay memory and n-step ring on the device (replay: pinned host memory with cpu)
     rb = ReplayBuffer(args.buffer_size, (4, h, w), buffer_device, device)
     nstep = NStep(args.n_step, args.gamma, n, (4, h, w), device)
-    # on the device besides the Q-network and Adam: replay (unless on the host), target net, env and n-step obs
-    resident = [*target_network.parameters(), *env._bufs, env.ages, nstep.obs, nstep.next_obs]
-    resident += rb.fields if buffer_device == device else ()
-    batch_bytes = args.batch_size * ReplayBuffer.transition_bytes((4, h, w))
-    resident_bytes = sum(t.nbytes for t in resident)
-    if env.mode == "fused":  # a step's fresh observations (final and next, uint8) and food draw (float32)
-        resident_bytes += n * h * w * (2 * 4 + 4)
-    # activations: three forwards of a training batch, or one no-grad forward over every game to act, the larger
-    rows = max(3 * args.batch_size, n)
-    run.note_estimate(
-        gpu_utils.estimate_memory(q_network, "adam", batch_bytes, resident_bytes, None, obs[:1], rows, use_graph),
-        global_step,
-    )
+    memory = memory_estimate(q_network, target_network, env, nstep, rb, args, use_graph)
+    print(memory)
+    writer.add_scalar("memory/estimated_mib", memory.total / 2**20, global_step)
+    # info key -> chart of its per-episode mean; sums: games ended, those keys' sums, TD loss, mean Q, updates
+    episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
+    episode_charts["length"] = "snake_length"
+    sums = torch.zeros(8, device=device)
+    epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
+    # gradient updates so far, on the host (so a graph needs frequency 1); a resumed run's go on from Adam's count
+    update_count = itertools.count(int(optimizer.state[params[0]]["step"]) + 1 if optimizer.state else 1)
+
+    def td_backward(*samples):
+        """The TD loss's gradients over a replay batch, added up over micro-batches of ``micro.rows`` rows."""
+        optimizer.zero_grad(set_to_none=True)
+        stats = {}
+        for start in range(0, args.batch_size, micro.rows):
+            chunk = [t[start : start + micro.rows] for t in samples]
+            loss, chunk_stats = loss_fn(q_network, target_network, *chunk)
+            weight = len(chunk[0]) / args.batch_size
+            (loss * weight).backward()
+            stats = {name: stats.get(name, 0) + value * weight for name, value in chunk_stats.items()}
+        return stats
+
+    def learning_step(obs, epsilon, updates=args.updates_per_step):
+        """Act on every game, step them all, store the step, then ``updates`` TD updates. No host sync: under
+        --cudagraphs it is one CUDA graph. Returns the next observations, game 0's last observation and its end."""
+        actions = act(obs, epsilon)
+        next_obs, rewards, terminated, truncated, info = env.step(actions)
+        ended = terminated | truncated
+        transitions = nstep.push(obs, actions, rewards, info["final_obs"], terminated, ended)
+        if transitions is not None:
+            rb.add(*transitions)
+        ended_f = ended.float()
+        sums[:5].add_(torch.stack([ended_f, *(info[key] * ended_f for key in episode_charts)]).sum(1))
+        for _ in range(updates):
+            samples = rb.sample(args.batch_size)
+            stats = gpu_utils.halve_on_oom(td_backward, micro, *samples)  # retries the backward, not the games' step
+            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            optimizer.step()
+            sums[5:].add_(torch.stack([stats["td_loss"], stats["q_values"], torch.ones_like(stats["td_loss"])]))
+            if next(update_count) % args.target_network_frequency == 0:
+                with torch.no_grad():
+                    torch._foreach_lerp_(target_params, params, args.tau)
+        return next_obs, info["final_obs"][0], ended[0]
+
+    acting_step = learning_step  # before --learning-starts: act, step and store, eagerly
+    learning_step = gpu_utils.CudaGraph(learning_step, enabled=use_graph, name="training step")
+    if args.cudagraphs:
+        print(f"training step: {f'eager ({blocker})' if blocker else 'one CUDA graph'}")
 
     # ---------------- training loop: one iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
@@ -412,59 +452,12 @@ if __name__ == "__main__":
     if learning_starts_iteration >= num_iterations:  # on purpose in the tests' and speed tools' env-only runs
         print(f"note: learning starts at step {learning_starts_iteration * n:,}, after the run's end: it only acts")
     exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
-    # info key -> chart of the per-episode means logged; ep_stats: episodes finished, then their sums
-    episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
-    episode_charts["length"] = "snake_length"
-    ep_stats = torch.zeros(5, device=device)
-    train_stats = {name: torch.zeros((), device=device) for name in ("updates", "td_loss", "q_values")}
-    target_params = list(target_network.parameters())
-    epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
-    # gradient updates so far, counted on the host (a graph needs frequency 1); a resumed run's go on from Adam's count
-    past_updates = int(optimizer.state[params[0]]["step"]) if optimizer.state else 0
-    updates = itertools.count(past_updates + 1)
-
-    def collect(obs, epsilon):
-        """Act on every game, step them all, push the step to the n-step ring and its n-step transition to the
-        replay memory, and add the finished games to ep_stats. Returns the next observations and game 0's last
-        observation and end (for a video)."""
-        actions = act(obs, epsilon)
-        next_obs, rewards, terminated, truncated, info = env.step(actions)
-        ended = terminated | truncated
-        batch = nstep.push(obs, actions, rewards, info["final_obs"], terminated, ended)
-        if batch is not None:
-            rb.add(*batch)
-        ended_f = ended.float()
-        ep_stats.add_(torch.stack([ended_f, *(info[k] * ended_f for k in episode_charts)]).sum(1))
-        return next_obs, info["final_obs"][0], ended[0]
-
-    def learning_step(obs, epsilon):
-        """collect, then --updates-per-step TD updates on replay samples (clipping, Adam, the target's Polyak step).
-        No host sync, so that under --cudagraphs the whole step is one captured CUDA graph; elsewhere it runs
-        eagerly."""
-        out = collect(obs, epsilon)
-        for _ in range(args.updates_per_step):
-            samples = rb.sample(args.batch_size)
-            stats = gpu_utils.accumulate_gradients(mb_loss, samples, micro, params)
-            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-            optimizer.step()
-            train_stats["updates"].add_(1)
-            torch._foreach_add_(
-                [train_stats["td_loss"], train_stats["q_values"]], [stats["td_loss"], stats["q_values"]]
-            )
-            if next(updates) % args.target_network_frequency == 0:
-                with torch.no_grad():
-                    torch._foreach_lerp_(target_params, params, args.tau)
-        return out
-
-    holds = "one CUDA graph (act, every game's step, n-step, replay, TD update, target)"
-    learning_step = gpu_utils.CudaGraph.requested(
-        learning_step, args.cudagraphs, graph_blockers, "training step", holds, micro=micro
-    )
-    recorder = run_utils.VideoRecorder(run.video_folder, fps=10) if args.capture_video else None
-    video_frames = []  # game 0's observation after each step of this log window, and whether its game ended
-    video_ends = []
+    recorder = run_utils.VideoRecorder(run_dir, global_step, fps=10) if args.capture_video else None
+    video = []  # game 0's observation after each step of this log window, and whether its game ended
     learning = False
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
+    stop = run_utils.stop_on_signals()
+    started = time.time()
     window_start = time.perf_counter()
     last_log_iteration = iteration = start_iteration
     while iteration < num_iterations:
@@ -472,60 +465,74 @@ if __name__ == "__main__":
         epsilon_t.fill_(epsilon)
         # once on, learning stays on (a graph adds transitions without the host counting them)
         learning = learning or (iteration >= learning_starts_iteration and rb.added >= args.batch_size)
-        obs, final_obs, ended = learning_step(obs, epsilon_t) if learning else collect(obs, epsilon_t)
-        run.report_micro_batch(micro, global_step)
-        if recorder is not None:  # game 0's frames stay on the device until the log window's one copy to the host
-            video_frames.append(final_obs.clone())
-            video_ends.append(ended.clone())
+        obs, final_obs, ended = learning_step(obs, epsilon_t) if learning else acting_step(obs, epsilon_t, 0)
+        if recorder is not None:  # the frames stay on the device until the log window's one copy to the host
+            video.append((final_obs.clone(), ended.clone()))
         iteration += 1
         global_step += n
 
         # ---------------- logging: one pull of scalars to the host per log window; a checkpoint ends a window too
-        stopping = bool(run.stop)
+        stopping = bool(stop)
         finished = iteration == num_iterations
         save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished
         if iteration % log_interval == 0 or save_now:
-            # the weights are checked before a checkpoint could save them
-            pulled = torch.cat([ep_stats, torch.stack([*train_stats.values(), run_utils.weights_finite(params)])])
-            count, *sums, num_updates, loss, q_mean, finite = pulled.tolist()
+            pulled = torch.cat([sums, run_utils.weights_finite(params)[None]])  # checked before a checkpoint saves
+            count, *episode_sums, loss_sum, q_sum, updates, finite = pulled.tolist()
             diverged = not finite
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
             text = f"eps {epsilon:.2f}, return -"
-            if count:
-                logs |= {f"charts/{chart}": value / count for chart, value in zip(episode_charts.values(), sums)}
-                logs["charts/episodes"] = count  # the games these means are over: a report weighs the windows by it
-                means = logs["charts/episodic_return"], logs["charts/snake_length"]
-                text = f"eps {epsilon:.2f}, return {means[0]:.2f}, length {means[1]:.1f}"
-            if num_updates:
-                logs |= {"losses/td_loss": loss / num_updates, "losses/q_values": q_mean / num_updates}
-            if video_frames:
-                frames = torch.stack(video_frames).cpu().numpy()
-                for frame, game_over in zip(frames, torch.stack(video_ends).tolist()):
-                    run.log_video(recorder.add(snake_view(frame), game_over))
-                video_frames.clear()
-                video_ends.clear()
-            seconds = time.perf_counter() - window_start
-            run.log_window(
-                iteration, num_iterations, global_step, (iteration - last_log_iteration) * n, seconds, logs, text
-            )
-            ep_stats.zero_()
-            for total in train_stats.values():
-                total.zero_()
+            if count:  # charts/episodes: how many games the means are over, by which a report weighs the windows
+                logs |= {
+                    f"charts/{chart}": total / count for chart, total in zip(episode_charts.values(), episode_sums)
+                }
+                logs["charts/episodes"] = count
+                text = f"eps {epsilon:.2f}, return {logs['charts/episodic_return']:.2f}"
+                text += f", length {logs['charts/snake_length']:.1f}"
+            if updates:
+                logs |= {"losses/td_loss": loss_sum / updates, "losses/q_values": q_sum / updates}
+            logs["memory/micro_batch"] = micro.rows
+            sps = (iteration - last_log_iteration) * n / (time.perf_counter() - window_start)
+            if last_log_iteration > start_iteration:  # the first window is warm-up (compilation, capture)
+                logs["charts/SPS"] = sps
+            for key, value in logs.items():
+                writer.add_scalar(key, value, global_step)
+            run_utils.log_machine(writer, global_step, cpu_share, monitor)
+            run_utils.show_progress(pbar, global_step, sps, text, f"iteration {iteration}/{num_iterations}")
+            if video:
+                frames = torch.stack([frame for frame, _ in video]).cpu().numpy()
+                for frame, game_over in zip(frames, torch.stack([end for _, end in video]).tolist()):
+                    run_utils.log_video(recorder.add(snake_view(frame), game_over))
+                video.clear()
+            sums.zero_()
             window_start = time.perf_counter()
             last_log_iteration = iteration
         if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
             break
         if save_now:
-            state = dict(model=q_network.state_dict(), target_network=target_network.state_dict(), env=env.state_dict())
-            state |= dict(optimizer=optimizer.state_dict(), rng=[gpu_utils.rng_state(device)])
-            run.checkpoint(state | dict(iteration=iteration, global_step=global_step), finished, stopping)
+            run_utils.save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"),
+                script="dqn_snake_vec",
+                args=vars(args),
+                run_name=os.path.basename(run_dir),
+                status="finished" if finished else "stopped" if stopping else "running",
+                wandb_id=run_utils.wandb_id(ckpt and ckpt["wandb_id"]),
+                model=q_network.state_dict(),
+                target_network=target_network.state_dict(),
+                env=env.state_dict(),
+                optimizer=optimizer.state_dict(),
+                rng=[gpu_utils.rng_state(device)],
+                iteration=iteration,
+                global_step=global_step,
+            )
         if stopping:
             break
 
     # ---------------- end of the run
-    if not diverged and iteration == num_iterations:
-        run.save_model(dict(model=q_network.state_dict()))
+    if args.save_model and not diverged and iteration == num_iterations:
+        model_path = os.path.join(run_dir, f"{args.exp_name}.model")
+        if run_utils.save_checkpoint(model_path, script="dqn_snake_vec", args=vars(args), model=q_network.state_dict()):
+            print(f"model saved to {model_path}")
     if recorder is not None:  # the game it was recording when the run ended or stopped
-        run.log_video(recorder.close())
-    run.close(global_step, diverged)
-    run.exit(diverged, global_step)
+        run_utils.log_video(recorder.close())
+    pbar.close()
+    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)
