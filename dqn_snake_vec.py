@@ -1,5 +1,6 @@
 # Double DQN on N Snake games that live as tensors on one device (a GPU when there is one).
 # Usage: python dqn_snake_vec.py                    python dqn_snake_vec.py --num-envs 4096 --gpu true
+import functools
 import itertools
 import math
 import os
@@ -281,14 +282,15 @@ def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminat
 
 
 @torch.no_grad()
-def evaluate(env, act):
-    """Play one game on every board and return each board's first (return, score, final length): averaging games in
-    the order they end would favour short ones."""
+def evaluate(q_network, args: Args, device):
+    """Play one game on each of --eval-episodes boards and return each board's first (return, score, final length):
+    averaging games in the order they end would favour short ones."""
+    env = VecSnake(args.eval_episodes, args.height, args.width, device=device, seed=args.seed, mode=args.env_mode)
     obs = env.reset()
     finished = torch.zeros(env.n, dtype=torch.bool, device=env.device)
     stats = torch.zeros(3, env.n, device=env.device)
     while not bool(finished.all()):
-        obs, _, terminated, truncated, info = env.step(act(obs))
+        obs, _, terminated, truncated, info = env.step(epsilon_greedy(q_network(obs), args.eval_epsilon))
         new = (terminated | truncated) & ~finished
         stats = torch.where(new, torch.stack([info[k].float() for k in ("episode_return", "score", "length")]), stats)
         finished |= new
@@ -311,6 +313,17 @@ def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_g
     )
 
 
+def graph_blocker(args: Args, micro_rows: int, env_mode: str, replay_on_host: bool) -> str:
+    """Why the training step cannot be one CUDA graph (each needs the host inside the step); "" when it can."""
+    blockers = {
+        f"--micro-batch {micro_rows} splits the batch of {args.batch_size}": micro_rows < args.batch_size,
+        "--buffer-device cpu puts the replay memory on the host": replay_on_host,
+        f"--env-mode {env_mode}: only the fused step updates the games in place": env_mode != "fused",
+        "--target-network-frequency above 1 counts the updates on the host": args.target_network_frequency != 1,
+    }
+    return next((why for why, blocks in blockers.items() if blocks), "")
+
+
 if __name__ == "__main__":
     # ---------------- arguments and their checks
     run_utils.stop_in_one_line()  # until the run starts
@@ -324,10 +337,9 @@ if __name__ == "__main__":
         if eval_ckpt:  # the saved network's board; the rest of the evaluation is the command line's
             args.height = eval_ckpt["args"]["height"]
             args.width = eval_ckpt["args"]["width"]
-        validate(args)
-        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, args.batch_size))
         device, device_why = run_utils.select_device(args)
         validate(args, device)
+        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, args.batch_size))
         threads = gpu_utils.thread_budget(args.num_threads)
     num_iterations = args.total_timesteps // args.num_envs
     run_utils.exit_if_done(ckpt, num_iterations, args.resume)
@@ -338,13 +350,12 @@ if __name__ == "__main__":
     n, h, w = args.num_envs, args.height, args.width
     run_utils.seed(args.seed)
     if eval_ckpt:
-        env = VecSnake(args.eval_episodes, h, w, device=device, seed=args.seed, mode=args.env_mode)
         q_network = QNetwork(h, w, amp=args.amp).to(device)
         run_utils.load_states({"model": q_network}, eval_ckpt, args.eval_checkpoint)
-        returns, scores, lengths = evaluate(env, lambda obs: epsilon_greedy(q_network(obs), args.eval_epsilon))
+        returns, scores, lengths = evaluate(q_network, args, device)
         more = f" (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
         run_utils.end_evaluation(f"Snake{h}x{w}", returns, more)
-    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones and takes its share of the CPUs
+    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones, takes its CPU share
     total_steps = num_iterations * n
     run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, "the games are torch ops too")
     run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps)
@@ -362,7 +373,8 @@ if __name__ == "__main__":
     # ---------------- env and network
     env_mode = "fused" if args.cudagraphs and args.env_mode == "auto" else args.env_mode
     # on a GPU the fused step draws from the device's default generator, whose state a CUDA graph advances
-    generator = torch.cuda.default_generators[device.index] if env_mode == "fused" and device.type == "cuda" else None
+    fused_on_gpu = env_mode == "fused" and device.type == "cuda"
+    generator = torch.cuda.default_generators[device.index] if fused_on_gpu else None
     env = VecSnake(n, h, w, device=device, seed=args.seed, generator=generator, mode=env_mode)
     obs = env.reset()
     q_network = QNetwork(h, w, amp=args.amp).to(device)
@@ -371,13 +383,7 @@ if __name__ == "__main__":
     params = list(q_network.parameters())
     target_params = list(target_network.parameters())
     buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
-    graph_blockers = {  # why a training step cannot be one CUDA graph: each needs the host inside the step
-        f"--micro-batch {micro.rows} splits the batch of {args.batch_size}": micro.rows < args.batch_size,
-        "--buffer-device cpu puts the replay memory on the host": buffer_device != device,
-        f"--env-mode {env.mode}: only the fused step updates the games in place": env.mode != "fused",
-        "--target-network-frequency above 1 counts the updates on the host": args.target_network_frequency != 1,
-    }
-    blocker = next((why for why, blocks in graph_blockers.items() if blocks), "")
+    blocker = graph_blocker(args, micro.rows, env.mode, replay_on_host=buffer_device != device)
     use_graph = args.cudagraphs and not blocker
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True, capturable=use_graph)
     if ckpt:  # the replay memory starts empty: --learning-starts counts again
@@ -393,22 +399,23 @@ if __name__ == "__main__":
     act = gpu_utils.compile_policy(act, args.compile or args.cudagraphs, args.cudagraphs and not use_graph)
     loss_fn = torch.compile(td_loss) if args.compile or args.cudagraphs else td_loss
 
-    # ---------------- storage: replay memory and n-step ring on the device (replay: pinned host memory with cpu)
+    # ---------------- storage: replay memory (pinned host memory with --buffer-device cpu), n-step ring
     rb = ReplayBuffer(args.buffer_size, (4, h, w), buffer_device, device)
     nstep = NStep(args.n_step, args.gamma, n, (4, h, w), device)
     memory = memory_estimate(q_network, target_network, env, nstep, rb, args, use_graph)
     print(memory)
     writer.add_scalar("memory/estimated_mib", memory.total / 2**20, global_step)
-    # info key -> chart of its per-episode mean; sums: games ended, those keys' sums, TD loss, mean Q, updates
+    # info key -> chart of its per-episode mean; sums: games ended, the keys' sums, TD loss, mean Q, updates
     episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
     episode_charts["length"] = "snake_length"
     sums = torch.zeros(8, device=device)
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
-    # gradient updates so far, on the host (so a graph needs frequency 1); a resumed run's go on from Adam's count
-    update_count = itertools.count(int(optimizer.state[params[0]]["step"]) + 1 if optimizer.state else 1)
+    # gradient updates so far, on the host (so a graph needs frequency 1); a resumed run's from Adam's count
+    past_updates = int(optimizer.state[params[0]]["step"]) if optimizer.state else 0
+    update_count = itertools.count(past_updates + 1)
 
     def td_backward(*samples):
-        """The TD loss's gradients over a replay batch, added up over micro-batches of ``micro.rows`` rows."""
+        """The TD loss's gradients over a replay batch, added up over micro-batches of micro.rows rows."""
         optimizer.zero_grad(set_to_none=True)
         stats = {}
         for start in range(0, args.batch_size, micro.rows):
@@ -420,8 +427,8 @@ if __name__ == "__main__":
         return stats
 
     def learning_step(obs, epsilon, updates=args.updates_per_step):
-        """Act on every game, step them all, store the step, then ``updates`` TD updates. No host sync: under
-        --cudagraphs it is one CUDA graph. Returns the next observations, game 0's last observation and its end."""
+        """Act on every game, step them all, store the step, then ``updates`` TD updates. No host sync:
+        --cudagraphs captures it as one CUDA graph. Returns the next obs, game 0's last obs and end."""
         actions = act(obs, epsilon)
         next_obs, rewards, terminated, truncated, info = env.step(actions)
         ended = terminated | truncated
@@ -429,28 +436,31 @@ if __name__ == "__main__":
         if transitions is not None:
             rb.add(*transitions)
         ended_f = ended.float()
-        sums[:5].add_(torch.stack([ended_f, *(info[key] * ended_f for key in episode_charts)]).sum(1))
+        episodes = torch.stack([ended_f, *(info[key] * ended_f for key in episode_charts)])
+        sums[:5].add_(episodes.sum(1))
         for _ in range(updates):
             samples = rb.sample(args.batch_size)
-            stats = gpu_utils.halve_on_oom(td_backward, micro, *samples)  # retries the backward, not the games' step
+            stats = gpu_utils.halve_on_oom(td_backward, micro, *samples)  # not the games' step again
             nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
-            sums[5:].add_(torch.stack([stats["td_loss"], stats["q_values"], torch.ones_like(stats["td_loss"])]))
+            one_update = torch.ones_like(stats["td_loss"])
+            sums[5:].add_(torch.stack([stats["td_loss"], stats["q_values"], one_update]))
             if next(update_count) % args.target_network_frequency == 0:
                 with torch.no_grad():
                     torch._foreach_lerp_(target_params, params, args.tau)
         return next_obs, info["final_obs"][0], ended[0]
 
-    acting_step = learning_step  # before --learning-starts: act, step and store, eagerly
+    acting_step = functools.partial(learning_step, updates=0)  # before --learning-starts, eagerly
     learning_step = gpu_utils.CudaGraph(learning_step, enabled=use_graph, name="training step")
     if args.cudagraphs:
         print(f"training step: {f'eager ({blocker})' if blocker else 'one CUDA graph'}")
 
-    # ---------------- training loop: one iteration steps every game once, then updates the Q-network
+    # ---------------- training loop: an iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
     learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
-    if learning_starts_iteration >= num_iterations:  # on purpose in the tests' and speed tools' env-only runs
-        print(f"note: learning starts at step {learning_starts_iteration * n:,}, after the run's end: it only acts")
+    if learning_starts_iteration >= num_iterations:  # on purpose in tests' and speed tools' env-only runs
+        late = f"{learning_starts_iteration * n:,}"
+        print(f"note: learning starts at step {late}, after the run's end: it only acts")
     exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
     recorder = run_utils.VideoRecorder(run_dir, global_step, fps=10) if args.capture_video else None
     video = []  # game 0's observation after each step of this log window, and whether its game ended
@@ -461,30 +471,31 @@ if __name__ == "__main__":
     window_start = time.perf_counter()
     last_log_iteration = iteration = start_iteration
     while iteration < num_iterations:
-        epsilon = max(args.end_e, args.start_e + (args.end_e - args.start_e) * global_step / exploration_steps)
+        decayed = args.start_e + (args.end_e - args.start_e) * global_step / exploration_steps
+        epsilon = max(args.end_e, decayed)
         epsilon_t.fill_(epsilon)
         # once on, learning stays on (a graph adds transitions without the host counting them)
         learning = learning or (iteration >= learning_starts_iteration and rb.added >= args.batch_size)
-        obs, final_obs, ended = learning_step(obs, epsilon_t) if learning else acting_step(obs, epsilon_t, 0)
-        if recorder is not None:  # the frames stay on the device until the log window's one copy to the host
+        obs, final_obs, ended = (learning_step if learning else acting_step)(obs, epsilon_t)
+        if recorder is not None:  # the frames stay on the device until the window's one host copy
             video.append((final_obs.clone(), ended.clone()))
         iteration += 1
         global_step += n
 
-        # ---------------- logging: one pull of scalars to the host per log window; a checkpoint ends a window too
+        # ---------------- logging: one pull of scalars to the host per log window (a checkpoint ends one)
         stopping = bool(stop)
         finished = iteration == num_iterations
         save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished
         if iteration % log_interval == 0 or save_now:
-            pulled = torch.cat([sums, run_utils.weights_finite(params)[None]])  # checked before a checkpoint saves
+            # the weights are checked before a checkpoint could save them
+            pulled = torch.cat([sums, run_utils.weights_finite(params)[None]])
             count, *episode_sums, loss_sum, q_sum, updates, finite = pulled.tolist()
             diverged = not finite
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
             text = f"eps {epsilon:.2f}, return -"
-            if count:  # charts/episodes: how many games the means are over, by which a report weighs the windows
-                logs |= {
-                    f"charts/{chart}": total / count for chart, total in zip(episode_charts.values(), episode_sums)
-                }
+            if count:  # charts/episodes: the games the means are over, by which a report weighs windows
+                for chart, total in zip(episode_charts.values(), episode_sums):
+                    logs[f"charts/{chart}"] = total / count
                 logs["charts/episodes"] = count
                 text = f"eps {epsilon:.2f}, return {logs['charts/episodic_return']:.2f}"
                 text += f", length {logs['charts/snake_length']:.1f}"
@@ -492,21 +503,23 @@ if __name__ == "__main__":
                 logs |= {"losses/td_loss": loss_sum / updates, "losses/q_values": q_sum / updates}
             logs["memory/micro_batch"] = micro.rows
             sps = (iteration - last_log_iteration) * n / (time.perf_counter() - window_start)
-            if last_log_iteration > start_iteration:  # the first window is warm-up (compilation, capture)
+            if last_log_iteration > start_iteration:  # the first window is warm-up (compiling, capture)
                 logs["charts/SPS"] = sps
             for key, value in logs.items():
                 writer.add_scalar(key, value, global_step)
             run_utils.log_machine(writer, global_step, cpu_share, monitor)
-            run_utils.show_progress(pbar, global_step, sps, text, f"iteration {iteration}/{num_iterations}")
+            line = f"iteration {iteration}/{num_iterations}"
+            run_utils.show_progress(pbar, global_step, sps, text, line)
             if video:
                 frames = torch.stack([frame for frame, _ in video]).cpu().numpy()
-                for frame, game_over in zip(frames, torch.stack([end for _, end in video]).tolist()):
+                game_overs = torch.stack([end for _, end in video]).tolist()
+                for frame, game_over in zip(frames, game_overs):
                     run_utils.log_video(recorder.add(snake_view(frame), game_over))
                 video.clear()
             sums.zero_()
             window_start = time.perf_counter()
             last_log_iteration = iteration
-        if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
+        if diverged:  # its non-finite losses are logged above; the checkpoint keeps the last finite weights
             break
         if save_now:
             run_utils.save_checkpoint(
@@ -530,7 +543,8 @@ if __name__ == "__main__":
     # ---------------- end of the run
     if args.save_model and not diverged and iteration == num_iterations:
         model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-        if run_utils.save_checkpoint(model_path, script="dqn_snake_vec", args=vars(args), model=q_network.state_dict()):
+        model = q_network.state_dict()
+        if run_utils.save_checkpoint(model_path, script="dqn_snake_vec", args=vars(args), model=model):
             print(f"model saved to {model_path}")
     if recorder is not None:  # the game it was recording when the run ended or stopped
         run_utils.log_video(recorder.close())

@@ -647,25 +647,22 @@ def test_bad_arguments_are_rejected(changes, needle):
         validate(dataclasses.replace(Args(), **changes))
 
 
-def test_bad_checkpoints_are_rejected(tmp_path):
-    from dqn_snake_vec import load_checkpoint
-
+def test_bad_checkpoints_are_rejected_in_one_line(tmp_path):
     (tmp_path / "bogus.pt").write_text("not a checkpoint")
     torch.save({"weights": {}}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="cannot read checkpoint"):
-        load_checkpoint(str(tmp_path / "bogus.pt"))
-    with pytest.raises(ValueError, match="not a dqn_snake_vec checkpoint"):
-        load_checkpoint(str(tmp_path / "other.pt"))
-    with pytest.raises(FileNotFoundError):
-        load_checkpoint(str(tmp_path / "missing.pt"))
-    torch.save({"model": {}, "args": {"env_id": "ALE/Breakout-v5"}}, tmp_path / "atari.model")  # ppo_atari's
-    with pytest.raises(ValueError, match="another script's checkpoint"):
-        load_checkpoint(str(tmp_path / "atari.model"))
-    # a file that names its script is refused by that name, even where the old guess (a board size) would pass
-    named = {"model": {}, "args": {"height": 10, "width": 10}, "script": "ppo_continuous"}
-    torch.save(named, tmp_path / "named.model")
-    with pytest.raises(ValueError, match=r"was written by ppo_continuous\.py, not dqn_snake_vec\.py"):
-        load_checkpoint(str(tmp_path / "named.model"))
+    # a file that names no script (an older format) or another script is refused by that name, board size or not
+    torch.save({"model": {}, "args": {"height": 10, "width": 10}}, tmp_path / "unnamed.model")
+    torch.save({"model": {}, "args": {"height": 10, "width": 10}, "script": "ppo_continuous"}, tmp_path / "named.model")
+    expected = {
+        "bogus.pt": "cannot read checkpoint",
+        "other.pt": "is not a dqn_snake_vec checkpoint",
+        "missing.pt": "does not exist",
+        "unnamed.model": "names no script, not dqn_snake_vec.py",
+        "named.model": "was written by ppo_continuous.py, not dqn_snake_vec.py",
+    }
+    for name, words in expected.items():
+        for flag in ("--eval-checkpoint", "--resume"):
+            assert_one_line_error(refuse([flag, tmp_path / name], tmp_path), words)
 
 
 # ---------------------------------------------------------------- the trust review's defects
@@ -741,7 +738,7 @@ def test_games_resume_on_another_device_type_with_new_random_games():
 
 def test_a_run_says_when_it_rounds_its_total_and_when_it_will_not_learn(tmp_path):
     """Before: --total-timesteps 100 on 8 games made 96 steps, and a --learning-starts past the end made a run that
-    never learned, both without a word (the rounding line comes from run_utils.Run: every script's)."""
+    never learned, both without a word (the rounding line comes from run_utils.print_config: every script's)."""
     res = run(
         ["--height", 5, "--width", 5, "--num-envs", 8, "--total-timesteps", 100, "--learning-starts", 1000], tmp_path
     )
