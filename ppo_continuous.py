@@ -1,5 +1,7 @@
-# PPO for continuous control (Gaussian policy, MuJoCo and any Box action env), CleanRL style, with GPU-heavy presets.
-# Usage: python ppo_continuous.py --env-id HalfCheetah-v5        python ppo_continuous.py --preset heavy
+# PPO for continuous control (Gaussian policy, MuJoCo and any Box action env), CleanRL style,
+# with GPU-heavy presets.
+# Usage: python ppo_continuous.py --env-id HalfCheetah-v5      python ppo_continuous.py --preset heavy
+import collections
 import os
 import signal
 import time
@@ -11,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from tqdm import tqdm
 
 import continuous_envs
 import gpu_utils
@@ -19,7 +22,7 @@ import run_utils
 
 
 @dataclass
-class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (--gpu, --resume, --cudagraphs, ...)
+class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resume, --cudagraphs, ...)
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
@@ -27,7 +30,8 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
     checkpoint_every: int = 50
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a stopping signal)"""
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a
+    stopping signal)"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v5"
@@ -35,11 +39,11 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     preset: Literal["fast", "heavy", "beast", "worlds"] | None = None
     """GPU-heavy settings (see PRESETS; worlds: for --sim mjx); flags you pass explicitly still win"""
     sim: Literal["cpu", "mjx"] = "cpu"
-    """where the physics runs: cpu (gymnasium's MuJoCo envs), or mjx (all envs as one batch of worlds on the device
-    through MJX: HalfCheetah, Hopper, Walker2d and InvertedPendulum v5; pip install -e ".[mjx]")"""
+    """where the physics runs: cpu (gymnasium's MuJoCo envs), or mjx (all envs as one batch of worlds on
+    the device through MJX: HalfCheetah, Hopper, Walker2d and InvertedPendulum v5; pip install -e ".[mjx]")"""
     mjx_impl: Literal["jax", "warp"] = "jax"
-    """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels, NVIDIA GPUs; the warp
-    extra)"""
+    """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels, NVIDIA
+    GPUs; the warp extra)"""
     subproc: bool = False
     """step the envs in subprocesses (AsyncVectorEnv, forkserver); default in-process"""
     total_timesteps: int = 1000000
@@ -57,7 +61,8 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags of how and where it runs (-
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation, in [0, 1]"""
     minibatch_size: str | None = None
-    """rows per minibatch dividing num_envs * num_steps, or auto (the largest divisor <= the preset's or total/32)"""
+    """rows per minibatch dividing num_envs * num_steps, or auto (the largest divisor <= the preset's or
+    total/32)"""
     num_minibatches: int | None = None
     """the number of minibatches (default 32); an alternative to --minibatch-size"""
     update_epochs: int | None = None
@@ -91,13 +96,14 @@ PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
     "worlds": dict(num_envs=4096, num_steps=32, minibatch_size="16384", update_epochs=4, network_arch="256,256"),
 }
 LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
+SCRIPT = "ppo_continuous"  # the name in its checkpoints
 
 
 def resolve_args(args: Args) -> dict[str, str]:
-    """Fill the unset (None) fields from the preset, then DEFAULTS, and the minibatch size that follows; a flag passed
-    at all (even at its default) wins. Returns where each of these settings came from, for the config print."""
+    """Fill the unset (None) fields from the preset, then DEFAULTS, and the minibatch size that follows;
+    a flag passed at all (even at its default) wins. Returns where each setting came from."""
     preset = PRESETS.get(args.preset, {})
-    unset = f"preset {args.preset}" if preset else "default"  # where a setting that was not passed comes from
+    unset = f"preset {args.preset}" if preset else "default"  # the source of a setting not passed
     keys = ("num_envs", "num_steps", "update_epochs", "network_arch")
     sources = {key: unset if getattr(args, key) is None else "command line" for key in keys}
     vars(args).update({key: preset.get(key, DEFAULTS[key]) for key in keys if getattr(args, key) is None})
@@ -115,14 +121,16 @@ def resolve_args(args: Args) -> dict[str, str]:
         sources["num_minibatches"] = "default" if args.num_minibatches is None else "command line"
         sources["minibatch_size"] = "derived"
         args.minibatch_size = str(gpu_utils.choose_batch_size(total, parts=nmb))
-    else:  # an integer dividing the total, 'auto', or the preset's size (the largest divisor below it if that fails)
+    else:  # an integer dividing the total, 'auto', or the preset's size (else the largest divisor below it)
         target = int(preset["minibatch_size"]) if preset else max(2, total // DEFAULTS["num_minibatches"])
         requested = "auto" if args.minibatch_size is None else args.minibatch_size
         size = gpu_utils.choose_batch_size(total, requested, target=target)
         if args.minibatch_size is None:
             sources["minibatch_size"] = f"preset {args.preset}" + ("" if size == target else ", auto")
+        elif requested.strip().lower() == "auto":
+            sources["minibatch_size"] = f"auto, <= {target}"
         else:
-            sources["minibatch_size"] = f"auto, <= {target}" if requested.strip().lower() == "auto" else "command line"
+            sources["minibatch_size"] = "command line"
         args.minibatch_size = str(size)
         sources["num_minibatches"] = "derived"
     args.num_minibatches = total // int(args.minibatch_size)
@@ -132,9 +140,8 @@ def resolve_args(args: Args) -> dict[str, str]:
 def validate(args: Args, evaluating: bool) -> None:
     """Raise ValueError with the one-line message of the first setting that cannot work."""
     hidden_sizes(args.network_arch)
-    act_space = continuous_envs.action_space(
-        args.env_id, video=args.capture_video and args.sim == "cpu" and not evaluating
-    )
+    video = args.capture_video and args.sim == "cpu" and not evaluating
+    act_space = continuous_envs.action_space(args.env_id, video=video)
     if not isinstance(act_space, gym.spaces.Box):
         kind = type(act_space).__name__
         raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")
@@ -162,32 +169,25 @@ def hidden_sizes(arch: str) -> list[int]:
 
 
 # ---------------------------------------------------------------- environment
-# One env as CleanRL makes it; continuous_envs applies CleanRL's wrappers to all envs at once (HostEnvs, DeviceEnvs).
-def make_env(env_id, idx, capture_video, video_folder, in_subprocess):
+# One env as CleanRL makes it; continuous_envs applies CleanRL's wrappers to all envs at once.
+def make_env(env_id, idx, capture_video=False, video_folder="", in_subprocess=False):
     parent = os.getpid()
 
     def thunk():
-        # a worker leaves the stop signals, which reach the whole process group, to the parent: it ends its iteration,
-        # saves its checkpoint and closes the workers. AsyncVectorEnv also calls one thunk in the parent.
+        # a worker leaves the stop signals, which reach the whole process group, to the parent: it ends
+        # its iteration, saves its checkpoint and closes the workers (AsyncVectorEnv calls one thunk here)
         if in_subprocess and os.getpid() != parent:
             for sig in run_utils.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
         continuous_envs.warn_once_per_process(env_id)
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = continuous_envs.RecordVideo(env, video_folder)  # gymnasium's, a failed write a warning
+            env = continuous_envs.RecordVideo(env, video_folder)  # a failed write: a warning
         if len(env.observation_space.shape or ()) != 1:
             env = gym.wrappers.FlattenObservation(env)
-        return DropInfo(env)
+        return continuous_envs.DropInfo(env)
 
     return thunk
-
-
-class DropInfo(gym.Wrapper):
-    """Drop the per-step info dict (MuJoCo's reward terms): batching it costs more than the rest of a vector step."""
-
-    def step(self, action):
-        return *self.env.step(action)[:4], {}
 
 
 # ---------------------------------------------------------------- network
@@ -224,7 +224,7 @@ class Agent(nn.Module):
     def forward(self, norm_obs):  # normalised observations -> (action means, values)
         return self.mean(norm_obs), self.value(norm_obs)
 
-    def mean(self, norm_obs):  # the rollout and the loss both use it: the same precision on both sides of the ratio
+    def mean(self, norm_obs):  # the rollout and the loss both use it: the same precision in the ratio
         return self.run(self.actor_mean, norm_obs)
 
     def value(self, norm_obs):
@@ -243,9 +243,10 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
-def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_coef, ent_coef, vf_coef, clip_vloss):
-    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss, statistics by
-    name), each a mean over the rows."""
+def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: Args):
+    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss,
+    statistics by name), each a mean over the rows."""
+    clip_coef = args.clip_coef
     logstd = agent.actor_logstd
     z = (actions - agent.mean(obs)) * torch.exp(-logstd)
     newlogprob = (-0.5 * z.pow(2) - logstd).sum(1) - LOG_2PI_HALF * actions.shape[1]
@@ -254,7 +255,7 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-    if clip_vloss:
+    if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
     else:
@@ -267,32 +268,27 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, clip_co
             "old_approx_kl": (-logratio).mean(),
             "approx_kl": ((ratio - 1) - logratio).mean(),
             "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
-            "ratio_mse": ((ratio - 1) ** 2).mean(),  # the first minibatch's must be 0: the rollout and the loss agree
+            "ratio_mse": ((ratio - 1) ** 2).mean(),  # the first minibatch's must be 0: rollout and loss agree
         }
-    return pg_loss - ent_coef * entropy + v_loss * vf_coef, stats
+    return pg_loss - args.ent_coef * entropy + v_loss * args.vf_coef, stats
 
 
 # ---------------------------------------------------------------- checkpoint and evaluation
-def load_checkpoint(path: str, training: bool = False) -> dict:
-    """A checkpoint.pt or .model file this script wrote (run_utils.load_checkpoint; older files of another script
-    have no --network-arch), with its observation statistics where the oldest files kept them in the model."""
-    ckpt = run_utils.load_checkpoint(path, "ppo_continuous", lambda args: "network_arch" in args, training)
-    if "obs_norm.mean" in ckpt["model"]:
-        ckpt["obs_rms"] = [ckpt["model"].pop(f"obs_norm.{name}") for name in ("mean", "var", "count")]
-    return ckpt
-
-
 @torch.no_grad()
-def evaluate(envs, agent, obs_rms, seed: int) -> np.ndarray:
-    """Play one episode in every env with the mean actions and return each env's first return (averaging episodes in
-    the order they end would favour short ones)."""
-    obs, _ = envs.reset(seed=seed)
+def evaluate(ckpt: dict, hidden: list[int], args: Args) -> np.ndarray:
+    """Play one episode in each of --eval-episodes envs with the mean actions of the checkpoint's policy;
+    each env's first return (averaging episodes in the order they end would favour short ones)."""
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i) for i in range(args.eval_episodes)])
+    agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden)
+    run_utils.load_states({"model": agent}, ckpt, args.eval_checkpoint)
+    obs_rms = continuous_envs.RunningMeanStd(state=ckpt["obs_rms"])
+    obs, _ = envs.reset(seed=args.seed)
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
-    low, high = envs.single_action_space.low, envs.single_action_space.high
     while not finished.all():
-        norm_obs = torch.as_tensor(obs_rms.normalize(obs, False), dtype=torch.float32)
-        obs, reward, terminated, truncated, _ = envs.step(np.clip(agent.mean(norm_obs).numpy(), low, high))
+        actions = agent.mean(torch.as_tensor(obs_rms.normalize(obs, False), dtype=torch.float32))
+        actions = np.clip(actions.numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        obs, reward, terminated, truncated, _ = envs.step(actions)
         returns += reward * ~finished
         finished |= terminated | truncated
     return returns
@@ -304,9 +300,9 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     given = dict(vars(args))  # as typed, before the preset and the checkpoint fill in the rest
     with run_utils.one_line_errors():
-        ckpt = load_checkpoint(args.resume, training=True) if args.resume else None
-        eval_ckpt = load_checkpoint(args.eval_checkpoint) if args.eval_checkpoint else None
-        if eval_ckpt:  # the network to load, no training sizes; the seed and episodes come from the command line
+        ckpt = run_utils.load_checkpoint(args.resume, SCRIPT, training=True) if args.resume else None
+        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, SCRIPT) if args.eval_checkpoint else None
+        if eval_ckpt:  # its network, no training sizes; the seed and episodes from the command line
             args.env_id = eval_ckpt["args"]["env_id"]
             args.network_arch = eval_ckpt["args"]["network_arch"]
             args.preset = args.num_envs = args.num_steps = args.minibatch_size = args.num_minibatches = None
@@ -319,7 +315,7 @@ if __name__ == "__main__":
         minibatch_size = int(args.minibatch_size)
         micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, minibatch_size))
         num_iterations = args.total_timesteps // batch_size
-        # a small MLP runs faster on the CPU: one host<->device round trip per env step costs more than the GPU saves
+        # a small MLP runs faster on the CPU: a host<->device round trip per env step costs more
         small = max(hidden) < 256 and args.preset is None and args.sim == "cpu"
         why = f"network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
         device, device_why = run_utils.select_device(args, prefer_cpu=why if small else "")
@@ -328,40 +324,39 @@ if __name__ == "__main__":
 
     # ---------------- device, threads, seeds
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
-    # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: one thread each
+    # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: one each
     torch_threads = 1 if small and device.type == "cpu" and not args.num_threads else threads.threads
     gpu_utils.limit_threads(1 if args.subproc else torch_threads)
     torch.set_num_threads(torch_threads)
-    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
     run_utils.seed(args.seed)
     if eval_ckpt:
-        envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, False, "", False) for i in range(args.eval_episodes)])
-        agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden, args.amp)
-        run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
-        returns = evaluate(envs, agent, continuous_envs.RunningMeanStd(state=eval_ckpt["obs_rms"]), args.seed)
-        run_utils.end_evaluation(args.env_id, returns)
-    # registers this run among the live ones (not for --eval-checkpoint) and takes its share of the CPUs
+        run_utils.end_evaluation(args.env_id, evaluate(eval_ckpt, hidden, args))
+    # registers this run among the live ones and takes its share of the CPUs
     cpu_share = gpu_utils.CpuShare(threads, max_torch_threads=torch_threads)
     env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
     run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, env_threads)
-    header = f"config: {num_iterations} iterations of {batch_size} steps ({args.num_minibatches} minibatches)"
-    run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, sources, header)
+    total_steps = num_iterations * batch_size
+    run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps, sources)
 
     # ---------------- logging
     start_step = ckpt["global_step"] if ckpt else 0
-    total_steps = num_iterations * batch_size
-    with run_utils.one_line_errors():  # MJX's worlds first: a jaxlib that refuses this device writes no run folder
-        placed = dict(seed=args.seed, device=device, impl=args.mjx_impl)
-        worlds = mjx_envs.MJXVectorEnv(args.env_id, args.num_envs, **placed) if args.sim == "mjx" else None
-        run = run_utils.Run(args, "ppo_continuous", run_name, ckpt, device, cpu_share, total_steps, start_step)
+    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
+    with run_utils.one_line_errors():  # MJX's worlds first: a jaxlib that refuses the device writes no run
+        worlds = None
+        if args.sim == "mjx":
+            placed = dict(seed=args.seed, device=device, impl=args.mjx_impl)
+            worlds = mjx_envs.MJXVectorEnv(args.env_id, args.num_envs, **placed)
+        run_dir = run_utils.run_folder(run_name, args.resume)
+        writer = run_utils.open_logs(run_dir, args, device, start_step, ckpt and ckpt["wandb_id"])
+    pbar = tqdm(total=total_steps, initial=start_step, disable=not args.progress_bar, unit_scale=True)
+    monitor = gpu_utils.GPUMonitor(device).start()
 
-    # ---------------- env and network: clipping, normalisation and the time-limit bootstrap in continuous_envs
+    # ---------------- env and network: clipping, normalisation, the time-limit bootstrap in continuous_envs
     if worlds is not None:  # every env a world of one batch on the device
         envs = continuous_envs.DeviceEnvs(worlds, args.gamma, device, ckpt)
     else:
-        fns = [
-            make_env(args.env_id, i, args.capture_video, run.video_folder, args.subproc) for i in range(args.num_envs)
-        ]
+        videos = continuous_envs.video_folder(run_dir, start_step)
+        fns = [make_env(args.env_id, i, args.capture_video, videos, args.subproc) for i in range(args.num_envs)]
         envs = continuous_envs.HostEnvs(fns, args.subproc, args.gamma, device, ckpt)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
@@ -372,61 +367,77 @@ if __name__ == "__main__":
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
-        run_utils.resume_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume, device, num_iterations)
+        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume, device=device)
 
     @torch.no_grad()
-    def policy_step(norm_obs, scaled_noise):  # the rollout's actions: the policy's means plus Gaussian noise
+    def policy_step(norm_obs, scaled_noise):  # the rollout's actions: the means plus Gaussian noise
         return agent.mean(norm_obs) + scaled_noise
 
-    captured = "loss" if use_graph else ""  # the update's own graph holds the loss's kernels
-    policy_step, loss_fn = gpu_utils.compile_steps(policy_step, ppo_loss, args.compile, args.cudagraphs, captured)
-
-    def mb_loss(*data):  # the loss of the rows of one (micro-)batch
-        return loss_fn(agent, *data, args.clip_coef, args.ent_coef, args.vf_coef, args.clip_vloss)
+    policy_step = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
+    loss_fn = torch.compile(ppo_loss) if args.compile or args.cudagraphs else ppo_loss
 
     # ---------------- storage: the rollout on the device
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # the update's inputs keep their addresses from one iteration to the next (a captured graph reads them there)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    values = torch.zeros_like(logprobs)
-    advantages = torch.zeros_like(logprobs)
-    returns = torch.zeros_like(logprobs)
+    dones = torch.zeros_like(rewards)
+    # the update's inputs keep their addresses from one iteration to the next (a captured graph reads them)
+    logprobs = torch.zeros_like(rewards)
+    values = torch.zeros_like(rewards)
+    advantages = torch.zeros_like(rewards)
+    returns = torch.zeros_like(rewards)
     b_obs = obs.view(-1, obs_dim)
     b_actions = actions.view(-1, act_dim)
-    b_logprobs, b_values, b_advantages, b_returns = (x.view(-1) for x in (logprobs, values, advantages, returns))
-    nb = (obs_dim + act_dim + 5) * 4  # bytes per transition
-    example = torch.zeros(1, obs_dim, device=device)
-    est = gpu_utils.estimate_memory(
-        agent, "adam", minibatch_size * nb, batch_size * nb, None, example, minibatch_size, use_graph
+    b_logprobs = logprobs.view(-1)
+    b_values = values.view(-1)
+    b_advantages = advantages.view(-1)
+    b_returns = returns.view(-1)
+    transition_bytes = (obs_dim + act_dim + 5) * 4
+    memory = gpu_utils.estimate_memory(
+        agent,
+        batch_bytes=minibatch_size * transition_bytes,
+        rollout_bytes=batch_size * transition_bytes,
+        example_input=torch.zeros(1, obs_dim, device=device),
+        batch_size=minibatch_size,
+        cudagraphs=use_graph,
     )
-    run.note_estimate(est, global_step)
+    print(memory)
+    writer.add_scalar("memory/estimated_mib", memory.total / 2**20, start_step)
 
     def update_step(mb_inds):
-        """One minibatch step on the rows `mb_inds` of the rollout: loss, backward, clipping, Adam. No host sync, so
-        that under --cudagraphs it runs as one captured CUDA graph; elsewhere it runs eagerly."""
+        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward, clipping,
+        Adam. No host sync, so that --cudagraphs captures it as one CUDA graph."""
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-        data = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages)
-        data += (b_returns[mb_inds], b_values[mb_inds])
-        stats = gpu_utils.accumulate_gradients(mb_loss, data, micro, params)
-        gpu_utils.clip_grad_norm([p.grad for p in params], args.max_grad_norm)
+        stats = {}
+        for start in range(0, len(mb_inds), micro.rows):  # their gradients add up to the minibatch's
+            mb = mb_inds[start : start + micro.rows]
+            mb_adv = mb_advantages[start : start + micro.rows]
+            loss, mb_stats = loss_fn(
+                agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb], b_values[mb], args
+            )
+            weight = len(mb) / len(mb_inds)
+            (loss * weight).backward()
+            stats = {name: stats.get(name, 0) + value * weight for name, value in mb_stats.items()}
+        nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         optimizer.step()
         return stats
 
-    split = f"--micro-batch {micro.rows} splits the minibatch's {minibatch_size} rows"
-    holds = "one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
-    update_step = gpu_utils.CudaGraph.requested(
-        update_step, args.cudagraphs, {split: micro.rows < minibatch_size}, "update", holds, micro=micro
-    )
+    update_step = gpu_utils.CudaGraph(update_step, enabled=use_graph, name="update")
+    if args.cudagraphs:
+        split = f"eager (--micro-batch {micro.rows} splits the minibatch)"
+        print(
+            f"update: {'one CUDA graph per minibatch step (forward, backward, clipping, Adam)' if use_graph else split}"
+        )
 
     # ---------------- training loop
     next_obs = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)
     next_done = torch.zeros(args.num_envs, device=device)
+    recent_returns = collections.deque(maxlen=20)
+    stop = run_utils.stop_on_signals()
+    started = time.time()
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, num_iterations + 1):
         iteration_start = time.perf_counter()
@@ -443,10 +454,8 @@ if __name__ == "__main__":
                 dones[step] = next_done
                 actions[step] = policy_step(next_obs, std * noise[step])
                 next_obs, rewards[step], next_done = envs.step(actions[step], agent.value, global_step)
-            for step, episodic_return, length in envs.finished():
-                run.log_episode(episodic_return, length, step)
 
-            # ---------------- advantages: values and log-probs in one batched pass each (the policy did not change)
+            # ---------------- advantages: values and log-probs in one batched pass each
             b_values.copy_(agent.value(b_obs))
             next_value = agent.value(next_obs)
             logprobs.copy_((-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1) - LOG_2PI_HALF * act_dim)
@@ -454,46 +463,70 @@ if __name__ == "__main__":
             advantages.copy_(gae[0])
             returns.copy_(gae[1])
 
-        # ---------------- update: shuffle once per epoch, then contiguous minibatch slices of the permutation
+        # ---------------- update: shuffle once per epoch, then minibatch slices of the permutation
         first_ratio_mse = None  # of the first minibatch, before any step
         for _epoch in range(args.update_epochs):
             perm = torch.randperm(batch_size, device=device)
             stats = None  # the sums over the epoch's minibatches, then their means
             for mb_inds in perm.split(minibatch_size):
-                mb_stats = update_step(mb_inds)
-                run.report_micro_batch(micro, global_step)
+                mb_stats = gpu_utils.halve_on_oom(update_step, micro, mb_inds)
                 if first_ratio_mse is None:  # cloned: a captured graph overwrites its outputs
                     first_ratio_mse = mb_stats["ratio_mse"].clone()
                 stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
                 torch._foreach_add_(list(stats.values()), list(mb_stats.values()))
             stats = {name: total / args.num_minibatches for name, total in stats.items()}
-            if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:  # one sync per epoch
+            if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:  # a sync an epoch
                 break
 
         # ---------------- logging: one pull of scalars to the host per iteration
         del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
         stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
-        # the weights are checked before a checkpoint could save them
-        *pulled, finite = torch.stack([*stats.values(), run_utils.weights_finite(params)]).tolist()
+        # whether the weights are finite rides along, checked before a checkpoint could save them
+        *losses, finite = torch.stack([*stats.values(), run_utils.weights_finite(params)]).tolist()
         diverged = not finite
-        scalars = {"charts/learning_rate": lr_now} | {f"losses/{name}": value for name, value in zip(stats, pulled)}
-        seconds = time.perf_counter() - iteration_start
-        run.log_window(iteration, num_iterations, global_step, batch_size, seconds, scalars)
-        if diverged:  # its non-finite losses are logged above; the checkpoint on disk keeps the last finite weights
+        sps = batch_size / (time.perf_counter() - iteration_start)
+        for step, episodic_return, length in envs.finished():  # at the step each episode ended
+            writer.add_scalar("charts/episodic_return", episodic_return, step)
+            writer.add_scalar("charts/episodic_length", length, step)
+            recent_returns.append(episodic_return)
+        writer.add_scalar("charts/learning_rate", lr_now, global_step)
+        for name, value in zip(stats, losses):
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("memory/micro_batch", micro.rows, global_step)
+        if iteration > start_iteration:  # the first iteration is warm-up (compilation, capture)
+            writer.add_scalar("charts/SPS", sps, global_step)
+        run_utils.log_machine(writer, global_step, cpu_share, monitor)
+        score_text = f"return {np.mean(recent_returns):.1f}" if recent_returns else "return -"
+        run_utils.show_progress(pbar, global_step, sps, score_text, f"iteration {iteration}/{num_iterations}")
+        if diverged:  # its losses are logged above; the checkpoint on disk keeps the last finite weights
             break
-        stopping = bool(run.stop)
+        stopping = bool(stop)
         finished = iteration == num_iterations
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
-            state = dict(model=agent.state_dict(), optimizer=optimizer.state_dict(), rng=[gpu_utils.rng_state(device)])
-            state |= dict(iteration=iteration, global_step=global_step, **envs.state())
-            run.checkpoint(state, finished, stopping)
+            run_utils.save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"),
+                script=SCRIPT,
+                args=vars(args),
+                run_name=os.path.basename(os.path.abspath(run_dir)),
+                status="finished" if finished else "stopped" if stopping else "running",
+                wandb_id=run_utils.wandb_id(ckpt and ckpt["wandb_id"]),
+                model=agent.state_dict(),
+                optimizer=optimizer.state_dict(),
+                rng=[gpu_utils.rng_state(device)],
+                iteration=iteration,
+                global_step=global_step,
+                **envs.state(),  # the observation and reward statistics
+            )
         if stopping:
             break
 
     # ---------------- end of the run
-    if not diverged and iteration == num_iterations:
-        run.save_model(dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state()))
-    run.close(global_step, diverged)
+    if args.save_model and not diverged and iteration == num_iterations:
+        model_path = os.path.join(run_dir, f"{args.exp_name}.model")
+        model = dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state())  # the statistics it saw
+        if run_utils.save_checkpoint(model_path, script=SCRIPT, args=vars(args), **model):
+            print(f"model saved to {model_path}")
+    pbar.close()
     envs.close()
-    run.exit(diverged, global_step)
+    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)

@@ -22,7 +22,6 @@ import baseline_ppo  # noqa: E402  (CleanRL's PPO as a reader knows it, its make
 
 import continuous_envs  # noqa: E402
 import mjx_envs  # noqa: E402
-import ppo_continuous as pc  # noqa: E402
 
 GAMMA = 0.99
 CPU = torch.device("cpu")
@@ -35,7 +34,7 @@ def host_envs(env_fns):
 def test_host_envs_process_as_cleanrls_wrappers_while_no_episode_ends():
     mode = gym.vector.AutoresetMode.SAME_STEP
     reference = gym.vector.SyncVectorEnv([baseline_ppo.make_env("Pendulum-v1", GAMMA)], autoreset_mode=mode)
-    envs = host_envs([lambda: pc.DropInfo(gym.make("Pendulum-v1"))])
+    envs = host_envs([lambda: continuous_envs.DropInfo(gym.make("Pendulum-v1"))])
     expected, _ = reference.reset(seed=3)
     # gymnasium keeps Pendulum's statistics in float32 (the observations' dtype), HostEnvs in float64: the first
     # observations, which differ from the mean by 1e-4 of themselves, keep fewer digits there
@@ -55,7 +54,7 @@ def test_only_a_time_limit_bootstraps_from_the_true_last_observation(env_id, lim
     """Two HostEnvs in lockstep, one with a critic of 0: their rewards differ by gamma times the critic's value of the
     episode's last observation (normalised, frozen statistics) where a time limit ended it, and nowhere else; a plain
     vector env of the same seeds says how each episode ended and what it returned."""
-    make = lambda: pc.DropInfo(gym.make(env_id, max_episode_steps=limit))  # noqa: E731
+    make = lambda: continuous_envs.DropInfo(gym.make(env_id, max_episode_steps=limit))  # noqa: E731
     plain = gym.vector.SyncVectorEnv([make] * 3, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     envs, zero = host_envs([make] * 3), host_envs([make] * 3)
     plain.reset(seed=5)

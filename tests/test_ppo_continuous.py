@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from helpers import assert_micro_batches_match, assert_one_line_error, run_in_process, scalars
+from helpers import assert_one_line_error, run_in_process, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "ppo_continuous.py")
@@ -155,7 +155,7 @@ def test_bad_settings_raise_one_line_errors(argv, match):
         # worlds first: "--total-timesteps 256 is less than one batch (262144 = envs x steps)" sent one the wrong way
         (["--env-id", "Pendulum-v1", "--preset", "worlds", "--total-timesteps", "256"], ["add --sim mjx"]),
         (["--env-id", "Pendulum-v1", "--total-timesteps", "100"], ["less than one batch"]),
-        (["--eval-checkpoint", "atari.model"], ["another script's checkpoint"]),
+        (["--eval-checkpoint", "atari.model"], ["names no script, not ppo_continuous.py"]),
         (["--env-id", "Pendulum-v1", "--cudagraphs", "--gpu", "false"], ["--cudagraphs needs a CUDA device"]),
     ],
 )
@@ -300,16 +300,15 @@ def test_normalisation_stats_survive_save_load_eval(pendulum_run, model_return):
     assert model_return == pytest.approx(total, abs=0.006)
 
 
-def test_files_with_the_statistics_in_the_model_still_load(pendulum_run, model_return):
-    """Checkpoints and models written before the statistics left the model (buffers obs_norm.mean/var/count) evaluate
-    exactly as before."""
-    tmp_path, _ = pendulum_run
-    saved = torch.load(run_dir(tmp_path) / "ppo_continuous.model", weights_only=True)
+def test_a_file_with_the_statistics_in_the_model_is_one_line_error(pendulum_run, tmp_path):
+    """Files written before the statistics left the model (buffers obs_norm.mean/var/count) are no longer read
+    (issue #52: no older checkpoint formats): refused in one line, not a traceback."""
+    saved = torch.load(run_dir(pendulum_run[0]) / "ppo_continuous.model", weights_only=True)
     mean, var, count = saved.pop("obs_rms")
     old = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(count, dtype=torch.float64)}
     saved["model"] |= {f"obs_norm.{name}": value for name, value in old.items()}
     torch.save(saved, tmp_path / "old.model")
-    assert eval_return(tmp_path, tmp_path / "old.model") == model_return
+    assert_one_line_error(run(tmp_path, "--eval-checkpoint", tmp_path / "old.model"), "does not fit the network/env")
 
 
 def signal_at_iteration_3(tmp_path, args, sig, group=False):
@@ -470,16 +469,35 @@ def test_amp_keeps_the_first_minibatch_ratio_at_one(tmp_path):
     assert len(errors) == 3 and max(errors) < 1e-6
 
 
-def test_micro_batches_give_the_full_minibatch_gradient():
+def test_micro_batches_learn_as_the_whole_minibatch(pendulum_run, tmp_path):
+    """--micro-batch 7 splits each 32-row minibatch into backward passes of 7, 7, 7, 7 and 4 rows (the last one
+    shorter): weighted by their rows, their gradients add up to the whole minibatch's, so the run learns the same
+    weights as the Pendulum run without micro-batches, up to float rounding."""
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "256", *TINY, "--save-model", "--micro-batch", "7"]
+    res = run(tmp_path, *args)
+    assert res.returncode == 0, res.stderr
+    assert {value for _, value in scalars(run_dir(tmp_path))["memory/micro_batch"]} == {7}
+    micro = torch.load(run_dir(tmp_path) / "ppo_continuous.model", weights_only=True)["model"]
+    whole = torch.load(run_dir(pendulum_run[0]) / "ppo_continuous.model", weights_only=True)["model"]
+    for key, weight in whole.items():
+        torch.testing.assert_close(micro[key], weight, atol=1e-5, rtol=1e-4, msg=key)
+
+
+def test_the_loss_reads_its_coefficients_from_args():
+    """ppo_loss(..., args): the entropy and value coefficients and the clipping come from the run's settings."""
     torch.manual_seed(0)
     agent = pc.Agent(11, 3, [64, 64])
     n = 40
-    batch = (torch.randn(n, 11), torch.randn(n, 3), torch.randn(n) - 3, torch.randn(n), torch.randn(n), torch.randn(n))
-
-    def loss(*rows):
-        return pc.ppo_loss(agent, *rows, 0.2, 0.0, 0.5, True)
-
-    assert_micro_batches_match(loss, batch, list(agent.parameters()), 7, atol=1e-5)
+    rows = (torch.randn(n, 11), torch.randn(n, 3), torch.randn(n) - 3, torch.randn(n), torch.randn(n), torch.randn(n))
+    base = pc.Args(clip_coef=0.2, ent_coef=0.0, vf_coef=0.5, clip_vloss=True)
+    loss, stats = pc.ppo_loss(agent, *rows, base)
+    torch.testing.assert_close(loss, stats["policy_loss"] + 0.5 * stats["value_loss"])
+    more = pc.Args(clip_coef=0.2, ent_coef=0.01, vf_coef=1.0, clip_vloss=True)
+    loss, stats = pc.ppo_loss(agent, *rows, more)
+    torch.testing.assert_close(loss, stats["policy_loss"] - 0.01 * stats["entropy"] + stats["value_loss"])
+    unclipped = pc.ppo_loss(agent, *rows, pc.Args(clip_vloss=False))[1]["value_loss"]
+    newvalue = agent.value(rows[0])
+    torch.testing.assert_close(unclipped, 0.5 * ((newvalue - rows[4]) ** 2).mean())
 
 
 @pytest.mark.gpu
