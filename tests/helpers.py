@@ -207,28 +207,3 @@ print("update: eager (CUDA graph capture failed: RuntimeError: boom)")
 print(f"the fake run's last words, exit {code}", file=sys.stderr)
 sys.exit(code)
 """
-
-
-class FrameLog:
-    """A stand-in for run_utils.VideoRecorder that keeps the frames it is given, with whether each ended a game."""
-
-    def __init__(self):
-        self.frames = []
-
-    def add(self, frame, game_over):
-        self.frames.append((frame, game_over))
-
-
-def atari_storage(num_steps: int, num_envs: int) -> tuple:
-    """ppo_atari's rollout storage on the CPU, as its rollouts take it: obs (channels-last), actions, log-probs,
-    values and next_obs as tensors; rewards and dones as numpy arrays."""
-    import numpy as np
-    import torch
-
-    obs = torch.zeros((num_steps, num_envs, 4, 84, 84), dtype=torch.uint8)
-    obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
-    actions = torch.zeros((num_steps, num_envs), dtype=torch.long)
-    logprobs, values = torch.zeros((num_steps, num_envs)), torch.zeros((num_steps, num_envs))
-    next_obs = torch.zeros((num_envs, 4, 84, 84), dtype=torch.uint8)
-    rewards, dones = np.zeros((num_steps, num_envs), np.float32), np.zeros((num_steps + 1, num_envs), np.float32)
-    return obs, actions, logprobs, values, next_obs, rewards, dones
