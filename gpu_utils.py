@@ -627,6 +627,7 @@ class CudaGraph:
                 self.static_args = ()
                 return self.fn(*args)
             self.graph = graph
+            print(f"{self.name}: one CUDA graph")  # captured: said once, as a failed capture is
         else:
             for static, arg in zip(self.static_args, args, strict=True):
                 static.copy_(arg)

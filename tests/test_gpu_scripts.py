@@ -118,13 +118,13 @@ RESUMES = {
     "ppo_atari.py": (
         ["--num-envs", 8, "--num-steps", 32, "--num-minibatches", 2, "--update-epochs", 2, "--total-timesteps", 512],
         1024,
-        "update: one CUDA graph per minibatch step",
+        "update: one CUDA graph",
     ),
     "ppo_continuous.py": (
         ["--env-id", "Pendulum-v1", "--preset", "fast", "--num-envs", 2, "--num-steps", 64, "--num-minibatches", 2]
         + ["--update-epochs", 2, "--total-timesteps", 256],
         512,
-        "update: one CUDA graph per minibatch step",
+        "update: one CUDA graph",
     ),
     "dqn_snake_vec.py": (
         ["--num-envs", 256, "--batch-size", 64, "--buffer-size", 8192, "--learning-starts", 1024]
