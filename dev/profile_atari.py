@@ -4,13 +4,14 @@ the script runs it.
     python dev/profile_atari.py                                     # the device ppo_atari.py would pick
     python dev/profile_atari.py --gpu true --out benchmark/results  # any of ppo_atari.py's flags sets the run
 
-Each phase is ppo_atari.py's own code: its make_envs (atari_envs'), Rollout, AsyncRollout, Agent and ppo_loss, and
-the policy and update steps of its main block, compiled here from the script's source (they are not importable).
+Each phase is ppo_atari.py's own code: its make_envs, EpisodeTracker, Agent and ppo_loss, and the policy_step,
+receive and update_step functions of its main block, compiled here from the script's source (they are not
+importable); the rollout loop around them is the training loop's, re-created here.
 
   env      AtariVectorEnv.step alone, random actions (the raw ceiling)
   policy   the observations to the device, the policy step, the actions back to the host
-  rollout  Rollout.collect, per vector step: in one group (--no-overlap-envs), in two halves that take turns (the
-           default), and --async-envs N/2
+  rollout  the training loop's rollout, per vector step: in one group (--no-overlap-envs) and in two halves that take
+           turns (the default)
   update   one iteration: update_epochs x num_minibatches calls of update_step
 
 each eager and compiled as the device runs it best: --compile on a CPU, --compile --cudagraphs on CUDA (the update one
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import inspect
 import os
 import statistics
@@ -44,6 +46,7 @@ import ppo_atari  # noqa: E402
 import run_utils  # noqa: E402
 
 GRAPH = "--compile --cudagraphs"
+WAYS = {"one group": 1, "two halves": 2}  # the rollouts timed: their rows' names and how many groups take turns
 
 
 def from_script(name: str, **scope):
@@ -70,73 +73,109 @@ def timed(fn, calls: int, device: torch.device, warmup: int = 5) -> list[float]:
     return times[warmup:]
 
 
-def storage(a, device: torch.device):
-    """The script's rollout storage: on the device obs, actions, logprobs, values, next_obs; on the host rewards and
-    dones (the numpy views its rollouts write)."""
+def storage(a, obs_shape: tuple, device: torch.device) -> dict[str, torch.Tensor]:
+    """The script's rollout storage, by the names its main block gives it: on the device the rollout and its flat
+    views (random advantages and returns for the update), pinned on the host (CUDA) what the envs write."""
+    pin = device.type == "cuda"
     shape = (a.num_steps, a.num_envs)
-    obs = torch.zeros((*shape, 4, 84, 84), dtype=torch.uint8, device=device)
+    obs = torch.zeros(shape + obs_shape, dtype=torch.uint8, device=device)
     if a.channels_last:
         obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
-    actions = torch.zeros(shape, dtype=torch.long, device=device)
-    logprobs, values = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
-    next_obs = torch.zeros((a.num_envs, 4, 84, 84), dtype=torch.uint8, device=device)
-    rewards, dones = np.zeros(shape, np.float32), np.zeros((shape[0] + 1, shape[1]), np.float32)
-    return obs, actions, logprobs, values, next_obs, rewards, dones
-
-
-def rollouts(a, threads: int, buffers, pin: bool) -> tuple[dict[str, object], list]:
-    """Each way the script collects a rollout, with envs of its own as the script makes them; and those envs."""
-    n, half = a.num_envs, a.num_envs // 2
-    envs = [ppo_atari.make_envs(a, n, threads), ppo_atari.make_envs(a, n, threads, half)]
-    envs += [ppo_atari.make_envs(a, size, max(1, threads // 2)) for size in (half, n - half)]
-    collectors = {
-        "one group": ppo_atari.Rollout(envs[:1], [slice(0, n)], 1, buffers, pin),
-        "two halves": ppo_atari.Rollout(envs[2:], [slice(0, half), slice(half, n)], 1, buffers, pin),
-        f"--async-envs {half}": ppo_atari.AsyncRollout(envs[1], 1, buffers),
+    rollout = {
+        "obs": obs,
+        "actions": torch.zeros(shape, dtype=torch.long, device=device),
+        "logprobs": torch.zeros(shape, device=device),
+        "values": torch.zeros(shape, device=device),
+        "advantages": torch.randn(shape, device=device),
+        "returns": torch.randn(shape, device=device),
     }
-    return collectors, envs
+    flat = {f"b_{name}": x.view((-1, *x.shape[2:])) for name, x in rollout.items()}
+    host_obs = torch.zeros((a.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
+    host = {
+        "next_obs": torch.zeros((a.num_envs,) + obs_shape, dtype=torch.uint8, device=device),
+        "host_obs": host_obs,
+        "host_obs_np": host_obs.numpy(),
+        "host_rewards": torch.zeros(shape, pin_memory=pin),
+        "host_dones": torch.zeros((a.num_steps + 1, a.num_envs), pin_memory=pin),
+    }
+    return rollout | flat | host
 
 
-def time_update(a, agent, loss_fn, batch: dict, graph: bool, iterations: int, device) -> float:
+def env_groups(a, groups: int, threads: int, buffers: dict, agent, device):
+    """The script's envs in ``groups`` groups that take turns, made and reset as its main block does, and its receive
+    for them: (env_rows, env_groups, receive)."""
+    bounds = [g * a.num_envs // groups for g in range(groups + 1)]
+    env_rows = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
+    sizes = [rows.stop - rows.start for rows in env_rows]
+    envs = [ppo_atari.make_envs(a.env_id, n, max(1, threads // groups), a.max_episode_frames) for n in sizes]
+    trackers = []
+    for rows, group in zip(env_rows, envs):
+        buffers["host_obs_np"][rows], info = group.reset(seed=a.seed + rows.start)
+        trackers.append(ppo_atari.EpisodeTracker(rows.stop - rows.start, info["lives"]))
+    buffers["next_obs"].copy_(buffers["host_obs"])
+    scope = dict(env_groups=envs, env_rows=env_rows, trackers=trackers, games=[], recorder=None)
+    receive = from_script("receive", **buffers, **scope, agent=agent, args=a, device=device)
+    return env_rows, envs, receive
+
+
+def collect(a, env_rows, envs, receive, policy_step, b: dict) -> None:
+    """One rollout as the script's training loop collects it: each group acts on its rows while the other plays."""
+    obs, actions, logprobs, values, next_obs = (
+        b[name] for name in ("obs", "actions", "logprobs", "values", "next_obs")
+    )
+    b["host_dones"][0] = b["host_dones"][a.num_steps]
+    playing = collections.deque()
+    for step in range(a.num_steps):
+        for group, rows in enumerate(env_rows):
+            obs[step, rows] = next_obs[rows]
+            actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
+            envs[group].send(actions[step, rows].cpu().numpy())
+            playing.append((step, group))
+            if len(playing) == len(env_rows):
+                receive(*playing.popleft())
+    while playing:
+        receive(*playing.popleft())
+
+
+def time_update(a, agent, loss_fn, buffers: dict, graph: bool, iterations: int, device) -> float:
     """ms of one iteration's update as the script runs it (its update_step), with a fresh Adam as the script makes
     it, so that each variant starts from the same weights' state."""
     params = list(agent.parameters())
     learning_rate = gpu_utils.learning_rate_tensor(a.learning_rate, device)
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=graph)
     micro = gpu_utils.MicroBatch(a.minibatch_size)
-    mb_loss = from_script("mb_loss", loss_fn=loss_fn, agent=agent, args=a)
-    scope = dict(optimizer=optimizer, args=a, mb_loss=mb_loss, micro=micro, params=params, distributed=False)
-    step = gpu_utils.CudaGraph(from_script("update_step", **scope, **batch), enabled=graph, name="update", micro=micro)
+    scope = dict(optimizer=optimizer, micro=micro, params=params, distributed=False, world_size=1)
+    update_step = from_script("update_step", **buffers, **scope, agent=agent, loss_fn=loss_fn, args=a)
+    update_step = gpu_utils.CudaGraph(update_step, enabled=graph, name="update")
     size = a.num_envs * a.num_steps
 
     def iteration():
         for _epoch in range(a.update_epochs):
             b_inds = torch.randperm(size, device=device)
             for start in range(0, size, a.minibatch_size):
-                step(b_inds[start : start + a.minibatch_size])
+                gpu_utils.halve_on_oom(update_step, micro, b_inds[start : start + a.minibatch_size])
 
     return statistics.median(timed(iteration, iterations - 1, device, warmup=1)) * 1000
 
 
-def time_variant(a, compiled: bool, graphs: bool, agent, host_obs, collectors, batch, o, device):
+def time_variant(a, compiled: bool, graphs: bool, agent, host_obs, ways: dict, buffers: dict, o, device):
     """One way the script runs (eager, --compile, --compile --cudagraphs): ms of its policy step, of each rollout
     per vector step, and of its update."""
-    policy_step = from_script("policy_step", agent=agent)
-    captured = "loss" if graphs else ""  # the update's graph holds the loss, as in the script
-    policy_step, loss_fn = gpu_utils.compile_steps(policy_step, ppo_atari.ppo_loss, compiled, graphs, captured, False)
-    bootstrap = from_script("bootstrap", agent=agent, args=a, device=device)
+    policy_step = gpu_utils.compile_policy(from_script("policy_step", agent=agent), compiled, graphs)
+    loss_fn = torch.compile(ppo_atari.ppo_loss) if compiled or graphs else ppo_atari.ppo_loss
     next_obs = host_obs.to(device)
 
     def act():
         next_obs.copy_(host_obs, non_blocking=True)
         policy_step(next_obs)[0].cpu()
 
-    def collect(rollout):
-        return statistics.median(timed(lambda: rollout.collect(policy_step, bootstrap), o.iterations - 1, device, 1))
+    def rollout_ms(way) -> float:
+        times = timed(lambda: collect(a, *way, policy_step, buffers), o.iterations - 1, device, warmup=1)
+        return statistics.median(times) * 1000 / a.num_steps
 
     policy = statistics.fmean(timed(act, o.steps, device)) * 1000
-    rollouts_ms = {how: collect(rollout) * 1000 / a.num_steps for how, rollout in collectors.items()}
-    return policy, rollouts_ms, time_update(a, agent, loss_fn, batch, graphs, o.iterations, device)
+    rollouts = {how: rollout_ms(way) for how, way in ways.items()}
+    return policy, rollouts, time_update(a, agent, loss_fn, buffers, graphs, o.iterations, device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,38 +199,36 @@ def main(argv: list[str] | None = None) -> int:
     gpu_utils.enable_tf32(a.tf32, a.torch_deterministic)
     threads = gpu_utils.thread_budget(a.num_threads).threads
     gpu_utils.limit_threads(threads)
+    threads = min(a.env_threads or threads, a.num_envs)  # the envs' threads, as the script counts them
     torch.manual_seed(a.seed)
     cuda = device.type == "cuda"
-    envs = ppo_atari.make_envs(a, a.num_envs, threads)
-    agent = ppo_atari.Agent(envs.single_action_space.n, a.amp).to(device, memory_format=torch.channels_last)
+    envs = ppo_atari.make_envs(a.env_id, a.num_envs, threads, a.max_episode_frames)
+    memory_format = torch.channels_last if a.channels_last else torch.preserve_format
+    agent = ppo_atari.Agent(envs.single_action_space.n, a.amp).to(device, memory_format=memory_format)
     host_obs = torch.as_tensor(envs.reset(seed=1)[0])
     host_obs = host_obs.pin_memory() if cuda else host_obs
     actions = np.random.default_rng(0).integers(0, envs.single_action_space.n, (o.steps + 5, a.num_envs))
     step = iter(actions)
     env_ms = statistics.fmean(timed(lambda: envs.step(next(step)), o.steps, torch.device("cpu"))) * 1000
+    buffers = storage(a, envs.single_observation_space.shape, device)
     envs.close()
     rows = [(f"env: AtariVectorEnv.step, {a.num_envs} envs, {threads} threads", env_ms, "ms / vector step")]
-    buffers = storage(a, device)
-    collectors, rollout_envs = rollouts(a, threads, buffers, cuda)
-    names = ("obs", "actions", "logprobs", "values")
-    batch = {f"b_{name}": x.reshape((-1, *x.shape[2:])) for name, x in zip(names, buffers)}
-    batch |= {"b_advantages": torch.randn_like(batch["b_values"]), "b_returns": torch.randn_like(batch["b_values"])}
+    ways = {how: env_groups(a, groups, threads, buffers, agent, device) for how, groups in WAYS.items()}
     variants = {"eager": (False, False)} | (
         {} if o.no_compile else {GRAPH: (True, True)} if cuda else {"--compile": (True, False)}
     )
     predicted = []
     for name, (compiled, graphs) in variants.items():
         print(f"[profile] {name} ...", flush=True)
-        policy_ms, rollout_ms, update_ms = time_variant(
-            a, compiled, graphs, agent, host_obs, collectors, batch, o, device
-        )
+        policy_ms, rollout_ms, update_ms = time_variant(a, compiled, graphs, agent, host_obs, ways, buffers, o, device)
         update = f"update ({name}), {a.num_minibatches} x {a.update_epochs} minibatches"
         rows += [(f"policy ({name}): copy in, act, actions out", policy_ms, "ms / vector step")]
         rows += [(f"rollout, {how} ({name})", ms, "ms / vector step") for how, ms in rollout_ms.items()]
         rows += [(update, update_ms, "ms / iteration")]
         predicted += [(f"{how} ({name})", update, a.num_steps * ms, update_ms) for how, ms in rollout_ms.items()]
-    for envs in rollout_envs:
-        envs.close()
+    for _, groups, _ in ways.values():
+        for envs in groups:
+            envs.close()
     size, ceiling = a.num_envs * a.num_steps, a.num_envs / env_ms * 1000
     predictions = []
     for rollout, update, rollout_ms, update_ms in predicted:

@@ -115,3 +115,25 @@ def test_profile_atari_times_the_scripts_own_steps_and_they_compile():
     policy_step = torch.compile(profile_atari.from_script("policy_step", agent=agent), backend="eager")
     action, logprob, value = policy_step(torch.zeros((3, 4, 84, 84), dtype=torch.uint8))
     assert action.shape == logprob.shape == value.shape == (3,) and logprob.le(0).all()
+
+
+def test_profile_atari_rollout_and_update_run_the_scripts_functions():
+    """The rollout in two halves steps the envs with the script's receive (its globals all found) and fills the
+    script's storage; the script's update_step takes a minibatch and changes the weights."""
+    import torch
+
+    a = profile_atari.tyro.cli(profile_atari.ppo_atari.Args, args=["--num-envs", "2", "--num-steps", "4"])
+    a.minibatch_size = 8
+    device = torch.device("cpu")
+    agent = profile_atari.ppo_atari.Agent(4)
+    buffers = profile_atari.storage(a, (4, 84, 84), device)
+    env_rows, envs, receive = profile_atari.env_groups(a, 2, 2, buffers, agent, device)
+    policy_step = profile_atari.from_script("policy_step", agent=agent)
+    profile_atari.collect(a, env_rows, envs, receive, policy_step, buffers)
+    for group in envs:
+        group.close()
+    assert env_rows == [slice(0, 1), slice(1, 2)] and buffers["obs"].any() and buffers["values"].ne(0).all()
+    before = [p.detach().clone() for p in agent.parameters()]
+    loss_fn = profile_atari.ppo_atari.ppo_loss
+    assert profile_atari.time_update(a, agent, loss_fn, buffers, False, 2, device) > 0
+    assert any(not torch.equal(p, q) for p, q in zip(before, agent.parameters()))
