@@ -439,7 +439,7 @@ def plot_env(env: str, runs: list[Run], out_dir: str, smooth: int) -> str | None
 def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs_dir", help="the folder of the run folders (runs/)")
-    p.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for report.md and the PNGs")
+    p.add_argument("--out", help="folder for report.md and the PNGs (default: the runs folder)")
     p.add_argument("--refs", default=os.path.join(HERE, "reference_scores.csv"), help="reference scores ('': none)")
     p.add_argument("--last-n", type=count(1), default=100, help="episodes averaged at the end of each run")
     p.add_argument("--running-window", type=float, default=600, help="seconds after its last event a run is running")
@@ -447,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not os.path.isdir(a.runs_dir):
         raise SweepError(f"runs directory '{a.runs_dir}' not found; pass the folder the scripts wrote (runs/)")
+    a.out = a.out or a.runs_dir  # where the user stands, as the runs are: never the checkout unless asked
+    print(f"[report] the runs in {os.path.abspath(a.runs_dir)}; report.md to {os.path.abspath(a.out)}", flush=True)
     try:
         refs = load_references(a.refs)
     except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"

@@ -132,7 +132,7 @@ def run_settings(settings: list[Setting], scale: float, timeout: float, cpus=Non
             variables = [f"{k}={v}" for k, v in {"WANDB_MODE": "disabled", **s.env}.items()]
             argv = [os.path.join(ROOT, s.args[0]), *s.argv(scale)[1:]]
             command = ["env", *unset, f"--chdir={tmp}", *variables, sys.executable, *argv]
-            proc = sweep.start_run(command, pinned or budget, pinned is not None, os.path.join(tmp, "log"))
+            proc = sweep.start_run(command, pinned or budget, pinned is not None, os.path.join(tmp, "log"), tmp)
             runs.append((Result(s.shown(scale), steps=s.steps(scale)), tmp, proc))
         try:
             for res, _, proc in runs:  # a wall time is when its wait ended: for runs at once, an upper bound
@@ -463,7 +463,7 @@ def parser() -> Parser:
         sp.add_argument("--only", nargs="*", help="rows whose command or name contains one of these")
         sp.add_argument("--dry-run", action="store_true", help="print the rows, run nothing")
         sp.add_argument("--timeout", type=count(1, float), default=240, help="seconds before a run is stopped")
-        sp.add_argument("--out", default=os.path.join(HERE, "results") if sp is t else "", help="folder for the table")
+        sp.add_argument("--out", default="." if sp is t else "", help="folder for the table (table: this one)")
         sp.add_argument("--note", default="", help="a line under the machine (e.g. other load)")
         sp.add_argument("--host", default=os.environ.get("HOST_LABEL", socket.gethostname()), help="name in files")
     return p
@@ -478,7 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     if passthrough and a.mode != "run":
         raise UsageError("arguments after -- are for `run` only")
     if getattr(a, "out", None):  # now, not after the measuring
-        sweep.make_dir(a.out, "--out")
+        a.out = os.path.abspath(sweep.make_dir(a.out, "--out"))
+    if not a.dry_run:
+        where = f"its file goes to {a.out}" if a.out else "the table is printed only (--out DIR writes it there)"
+        print(f"[speed] {a.mode}: {where}", flush=True)
     gpu = torch.cuda.is_available() if getattr(a, "profile", None) is None else a.profile == "gpu"
     defaults = {"profile": "gpu" if gpu else "cpu", "seconds": 2 if gpu else 5, "budget_minutes": 8 if gpu else 0}
     defaults |= {"atari_envs": [16, 64, 128] if gpu else [16, 64], "async_envs": [16] if gpu else []}

@@ -341,11 +341,12 @@ def slot_prefix(cpus: Sequence[int], pin: bool) -> list[str]:
     return threads + ["taskset", "-c", cpu_ranges(cpus)] if pin else threads
 
 
-def start_run(command: list[str], cpus: Sequence[int], pin: bool, log_path: str) -> subprocess.Popen:
-    """Start one run from the repo root on ``cpus`` (as many OMP and MKL threads, pinned with taskset when ``pin``),
-    its output appended to ``log_path`` after a line with the time and the whole command, in its own session (a
-    Ctrl-C reaches the engine, which passes one SIGTERM on). On Linux it gets SIGTERM when the thread that started it
-    ends, even by SIGKILL, and so writes its checkpoint. Raises OSError when the command cannot start."""
+def start_run(command: list[str], cpus: Sequence[int], pin: bool, log_path: str, cwd: str) -> subprocess.Popen:
+    """Start one run in the folder ``cwd`` (it writes cwd/runs/, as a script started there by hand does) on ``cpus``
+    (as many OMP and MKL threads, pinned with taskset when ``pin``), its output appended to ``log_path`` after a line
+    with the time and the whole command, in its own session (a Ctrl-C reaches the engine, which passes one SIGTERM on).
+    On Linux it gets SIGTERM when the thread that started it ends, even by SIGKILL, and so writes its checkpoint.
+    Raises OSError when the command cannot start."""
     env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "MKL_NUM_THREADS": str(len(cpus))}
     parent = os.getpid()
 
@@ -363,7 +364,7 @@ def start_run(command: list[str], cpus: Sequence[int], pin: bool, log_path: str)
         log.flush()
         return subprocess.Popen(
             prefix[2:] + command,
-            cwd=REPO_ROOT,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -410,29 +411,33 @@ def log_name(i: int, label: str) -> str:
     return f"{i:03d}_{re.sub(r'[^A-Za-z0-9._=-]', '_', label)}.log"
 
 
-def plan(runs: list[Run], python: str, tail: list[str], resume_existing: bool) -> tuple[list[list[str]], dict]:
-    """Each run's command (under --resume-existing with --resume from its checkpoint, a path from the repo root, where
-    the runs start), and (skipped, live or failed; why) of each run not to start."""
+def plan(
+    runs: list[Run], python: str, tail: list[str], resume_existing: bool, work_dir: str
+) -> tuple[list[list[str]], dict]:
+    """Each run's command, its script by its path in the checkout (under --resume-existing with --resume from its
+    checkpoint, a path from ``work_dir``, where the runs start), and (skipped, live or failed; why) of each run not to
+    start."""
     commands, results = [], {}
     for i, run in enumerate(runs):
-        d = decide_resume(os.path.join(REPO_ROOT, "runs"), run.run_id) if resume_existing else None
-        resume = ["--resume", os.path.relpath(d.checkpoint, REPO_ROOT)] if d and d.action == "resume" else []
-        commands.append([python, *run.args, *tail, *resume])
+        d = decide_resume(os.path.join(work_dir, "runs"), run.run_id) if resume_existing else None
+        resume = ["--resume", os.path.relpath(d.checkpoint, work_dir)] if d and d.action == "resume" else []
+        commands.append([python, os.path.join(REPO_ROOT, run.args[0]), *run.args[1:], *tail, *resume])
         if d and d.action != "fresh":
-            say(f"[sweep] {d.action} [run {i}] {run.label}: {d.note.replace(REPO_ROOT + os.sep, '')}")
+            say(f"[sweep] {d.action} [run {i}] {run.label}: {d.note.replace(work_dir + os.sep, '')}")
         if d and d.action in ("skip", "live", "error"):
             results[i] = ({"skip": "skipped", "live": "live", "error": "failed"}[d.action], d.note)
     return commands, results
 
 
 def run_local(
-    runs: list[Run], commands: list, slots: list[Slot], pin: bool, logs: list, results: dict, summary=""
+    runs: list[Run], commands: list, slots: list[Slot], pin: bool, logs: list, results: dict, work_dir: str, summary=""
 ) -> int:
-    """Run the queue in the slots, each freed slot taking the next run, each run's output appended to its log; the
-    summary (also to the file ``summary``); 0, 1 (a run failed) or 130 (stopped by a signal)."""
+    """Run the queue in the slots, each run in ``work_dir``, each freed slot taking the next run, each run's output
+    appended to its log; the summary (also to the file ``summary``); 0, 1 (a run failed) or 130 (stopped by a
+    signal)."""
     queue = [i for i in range(len(runs)) if i not in results]
     stopper, started = Stopper(), time.time()
-    runs_dir = os.path.join(REPO_ROOT, "runs")
+    runs_dir = os.path.join(work_dir, "runs")
     while queue and not stopper.stopping or any(s.proc for s in slots):
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is not None:
@@ -447,7 +452,7 @@ def run_local(
                 i = slot.run = queue.pop(0)
                 say(f"[sweep] start [run {i}] {slot.device} cpus {cpu_ranges(slot.cpus)}: {runs[i].label}")
                 try:
-                    slot.proc = start_run(slot.command(commands[i]), slot.cpus, pin, logs[i])
+                    slot.proc = start_run(slot.command(commands[i]), slot.cpus, pin, logs[i], work_dir)
                     stopper.started(slot.proc)
                 except OSError as exc:  # the interpreter (PYTHON) or taskset cannot start
                     results[i] = ("failed", f"cannot start: {exc}")
@@ -467,10 +472,12 @@ def run_local(
     return 130 if stopper.stopping else 1 if counts["failed"] else 0
 
 
-def sbatch_script(name: str, tasks: int, log_dir: str, a: argparse.Namespace, command: str, note: str) -> str:
-    """A job array of ``tasks`` tasks that each run ``command`` from the repo root: its output to LOG_DIR/slurm,
-    SIGTERM 120 s before the time limit, and the SLURM options given, checked (they reach the script as they are)."""
-    for path in (log_dir, REPO_ROOT):
+def sbatch_script(
+    name: str, tasks: int, log_dir: str, a: argparse.Namespace, command: str, note: str, work_dir: str
+) -> str:
+    """A job array of ``tasks`` tasks that each run ``command`` in ``work_dir``: its output to LOG_DIR/slurm, SIGTERM
+    120 s before the time limit, and the SLURM options given, checked (they reach the script as they are)."""
+    for path in (log_dir, REPO_ROOT, work_dir):
         if not SLURM_PATH_RE.fullmatch(path):
             raise SweepError(f"--slurm needs paths without spaces, % or quotes; '{path}' has some (pass --log-dir)")
     for flag, value in (("--partition", a.partition), ("--time", a.time), ("--account", a.account)):
@@ -484,7 +491,7 @@ def sbatch_script(name: str, tasks: int, log_dir: str, a: argparse.Namespace, co
     gres = f"gpu:{a.gpus_per_run}" if a.gpus_per_run else None
     options = {"partition": a.partition, "time": a.time, "gres": gres, "cpus-per-task": a.cpus_per_run, "mem": a.mem}
     lines += [f"#SBATCH --{flag}={value}" for flag, value in {**options, "account": a.account}.items() if value]
-    lines += [f"# {note}", "set -u", f"cd {shlex.quote(REPO_ROOT)} || exit 2", f"exec {command}"]
+    lines += [f"# {note}", "set -u", f"cd {shlex.quote(work_dir)} || exit 2", f"exec {command}"]
     return "\n".join(lines) + "\n"
 
 
@@ -506,21 +513,25 @@ def submit(script: str, path: str, sbatch_args: Sequence[str], dry_run: bool) ->
     say(f"[sweep] submitted job array {job}; watch: squeue -j {job}; stop: scancel {job}")
 
 
-def submit_sweep(grid: str, runs: list[Run], python: str, tail: list[str], a: argparse.Namespace, log_dir: str) -> int:
-    """LOG_DIR/<grid>.json holds the runs; LOG_DIR/<grid>.sbatch is a job array whose task i runs run i."""
+def submit_sweep(
+    grid: str, runs: list[Run], python: str, tail: list[str], a: argparse.Namespace, log_dir: str, work_dir: str
+) -> int:
+    """LOG_DIR/<grid>.json holds the runs; LOG_DIR/<grid>.sbatch is a job array whose task i runs run i in
+    ``work_dir``."""
     if not a.gpus_per_run and not any(w.startswith(("--gres", "--gpus")) for w in a.sbatch_args):
         say("[sweep] note: no --gpus-per-run: the runs get a GPU only where the partition gives one by default")
     spec_path = os.path.join(log_dir, f"{grid}.json")
     entries = [{**r._asdict(), "args": [*r.args, *tail], "log": log_name(i, r.label)} for i, r in enumerate(runs)]
-    spec = {"python": python, "log_dir": log_dir, "resume_existing": a.resume_existing}
-    task = shlex.join([sys.executable, "benchmark/sweep.py", "task", spec_path]) + ' "${SLURM_ARRAY_TASK_ID:-}"'
+    spec = {"python": python, "log_dir": log_dir, "resume_existing": a.resume_existing, "work_dir": work_dir}
+    task = shlex.join([sys.executable, os.path.abspath(__file__), "task", spec_path]) + ' "${SLURM_ARRAY_TASK_ID:-}"'
     note = f"task i runs run i of {spec_path}; RESUME_EXISTING=1 sbatch THIS_FILE continues a stopped sweep"
     for i, (run, entry) in enumerate(zip(runs, entries)):
         say(f"[task {i}] {run.label}: {shlex.join(entry['args'])}")
     if not a.dry_run:
+        make_dir(work_dir, "--work-dir")
         make_dir(log_dir, "--log-dir")
         Path(spec_path).write_text(json.dumps({**spec, "runs": entries}, indent=1))
-    script = sbatch_script(grid, len(runs), log_dir, a, task, note)
+    script = sbatch_script(grid, len(runs), log_dir, a, task, note, work_dir)
     submit(script, os.path.join(log_dir, f"{grid}.sbatch"), a.sbatch_args, a.dry_run)
     return 0
 
@@ -550,9 +561,11 @@ def run_task(spec_path: str, index: str) -> int:
     entry = spec["runs"][int(index)]
     run = Run(entry["label"], entry["run_id"], tuple(entry["args"]))
     resume = spec["resume_existing"] or os.environ.get("RESUME_EXISTING") == "1"
-    commands, results = plan([run], spec["python"], [], resume)
+    work_dir = spec.get("work_dir", REPO_ROOT)  # a sweep submitted before runs started where the user stands
+    commands, results = plan([run], spec["python"], [], resume, work_dir)
     slot = Slot(None, gpu_utils.allowed_cpus()[: slurm_cpus()])
-    return run_local([run], commands, [slot], False, [os.path.join(spec["log_dir"], entry["log"])], results)
+    log = os.path.join(spec["log_dir"], entry["log"])
+    return run_local([run], commands, [slot], False, [log], results, work_dir)
 
 
 class Parser(argparse.ArgumentParser):  # its errors are one line: a SweepError
@@ -575,6 +588,7 @@ def count(minimum: float, kind: type = int):
 
 
 def add_run_options(p: argparse.ArgumentParser, per: str) -> None:
+    p.add_argument("--work-dir", help="the folder the runs start in, and write runs/ into (default: this one)")
     g = p.add_argument_group("runs at once here (on the CPUs this process may use: taskset -c LIST picks them)")
     g.add_argument("--jobs-per-gpu", type=count(1), help="runs sharing one GPU at once (default 1)")
     g.add_argument("--jobs", type=count(1), help="runs at once without GPUs (default 1)")
@@ -648,17 +662,20 @@ def sweep_main(grid: str, argv: list[str]) -> int:
             tail = [flag, os.environ[var], *tail]
     tail = ["--track", *tail] if a.track else tail
     python = runs_python()
-    log_dir = os.path.abspath(a.log_dir or f"{REPO_ROOT}/runs/sweep_logs/{grid}_{time.strftime('%Y%m%d-%H%M%S')}")
+    # the runs start where the user stands, as a script started by hand does: their runs/ is this folder's
+    work_dir = os.path.abspath(a.work_dir or os.getcwd())
+    log_dir = os.path.abspath(a.log_dir or f"{work_dir}/runs/sweep_logs/{grid}_{time.strftime('%Y%m%d-%H%M%S')}")
+    say(f"[sweep] {grid}: {len(runs)} runs write {work_dir}/runs; logs in {log_dir}")
     if a.slurm:
-        return submit_sweep(grid, runs, python, tail, a, log_dir)
+        return submit_sweep(grid, runs, python, tail, a, log_dir, work_dir)
     slots, pin = make_slots(a, tail)
-    say(f"[sweep] {grid}: {len(runs)} runs from {REPO_ROOT} on {', '.join(sorted({s.device for s in slots}))}")
-    commands, results = plan(runs, python, tail, a.resume_existing)
+    say(f"[sweep] {grid}: the scripts of {REPO_ROOT} on {', '.join(sorted({s.device for s in slots}))}")
+    commands, results = plan(runs, python, tail, a.resume_existing, work_dir)
     if not a.dry_run:
+        make_dir(work_dir, "--work-dir")
         make_dir(log_dir, "--log-dir")
-        say(f"[sweep] logs in {log_dir}")
         logs = [os.path.join(log_dir, log_name(i, run.label)) for i, run in enumerate(runs)]
-        return run_local(runs, commands, slots, pin, logs, results, os.path.join(log_dir, "summary.txt"))
+        return run_local(runs, commands, slots, pin, logs, results, work_dir, os.path.join(log_dir, "summary.txt"))
     for k, i in enumerate([i for i in range(len(runs)) if i not in results]):
         slot = slots[k % len(slots)]  # as if the runs ended in the order they started
         say(f"[run {i}] {slot.device}: {shlex.join(slot_prefix(slot.cpus, pin) + slot.command(commands[i]))}")

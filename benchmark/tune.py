@@ -5,6 +5,8 @@ task of a SLURM job array is one); `tune.py report` writes the best trials with 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import functools
 import glob
 import math
@@ -36,7 +38,6 @@ from sweep import Field, SweepError  # noqa: E402
 
 import gpu_utils  # noqa: E402
 
-RUNS_DIR = os.path.join(sweep.REPO_ROOT, "runs")
 # fields the tuner sets, with what to use instead, and fields that say how a run goes rather than what it learns
 SET_BY_TUNER = {"seed": "--seeds", "env_id": "--envs", "exp_name": "--study-name", "resume": "a rerun of the study"}
 SET_BY_TUNER |= {"session": "--jobs-per-gpu", "eval_checkpoint": "the script itself"}
@@ -128,7 +129,7 @@ class TrialRun:
     env: str | None
     args: list[str]  # the script and its arguments
     log: str
-    pattern: str  # a glob of its run folder
+    pattern: str  # a glob of its run folder, with its runs/
     resume: str | None = None
     run_dir: str | None = None
     proc: object = None
@@ -140,7 +141,7 @@ class TrialRun:
 
     def read(self) -> None:
         """Its folder through report.load_run again when its event files grew (a resumed run has one per process)."""
-        self.run_dir = self.run_dir or max(glob.glob(os.path.join(RUNS_DIR, self.pattern)), default=None)
+        self.run_dir = self.run_dir or max(glob.glob(self.pattern), default=None)
         files = sorted(glob.glob(os.path.join(self.run_dir, "events.out.tfevents.*"))) if self.run_dir else []
         if files and tuple(map(os.path.getsize, files)) != self.sizes:
             self.sizes, run = tuple(map(os.path.getsize, files)), report.load_run(self.run_dir)
@@ -190,6 +191,55 @@ def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///
         raise SweepError(f"cannot open storage {url}: {gpu_utils.first_line(exc)}") from None
 
 
+def literal(node: ast.expr) -> object:
+    """A literal, or a ``dict(key=literal, ...)`` call, in a script's source (its PRESETS table, say)."""
+    if isinstance(node, ast.Call) and ast.unparse(node.func) == "dict" and not node.args:
+        return {k.arg: literal(k.value) for k in node.keywords}
+    if isinstance(node, ast.Dict):
+        return {literal(k): literal(v) for k, v in zip(node.keys, node.values)}
+    return ast.literal_eval(node)
+
+
+def script_tables(script: str) -> dict[str, dict]:
+    """The script's module-level DEFAULTS and PRESETS (ppo_continuous.py fills unset sizes from them), as data."""
+    tables = {}
+    for node in ast.parse(Path(sweep.REPO_ROOT, script).read_text()).body:
+        names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        for name in [n for n in names if n in ("DEFAULTS", "PRESETS")]:
+            with contextlib.suppress(ValueError, TypeError, SyntaxError):  # not data: left out
+                tables[name] = literal(node.value)
+    return tables
+
+
+def first_update(config: dict) -> int | None:
+    """The agent step of a run's first update, the smallest over the searched space: the first rollout's size (envs x
+    steps per env, from the flags after --, else the script's defaults or its preset's) for PPO, learning_starts for
+    DQN. None where the script has neither."""
+    script, args = config["script"], config["args"]
+    fields = sweep.script_fields(script)
+    space = dict(parse_param(spec, fields, script) for spec in config["params"])
+    tables = script_tables(script)
+
+    def smallest(name: str, preset: object) -> int | None:
+        flag = name.replace("_", "-")
+        if flag in space:
+            return min(space[flag].choices) if hasattr(space[flag], "choices") else space[flag].low
+        given = sweep.flag_value(args, f"--{flag}")
+        if given is not None:
+            return int(given) if given.isdecimal() else None
+        table = tables.get("PRESETS", {}).get(preset) or tables.get("DEFAULTS", {})
+        return fields[name].default if fields[name].default is not None else table.get(name)
+
+    if "learning_starts" in fields:
+        return smallest("learning_starts", None)
+    if not {"num_envs", "num_steps"} <= fields.keys():
+        return None
+    preset = sweep.flag_value(args, "--preset") or getattr(fields.get("preset"), "default", None)
+    presets = space["preset"].choices if "preset" in space else [preset]
+    sizes = [(smallest("num_envs", p), smallest("num_steps", p)) for p in presets]
+    return min((envs * steps for envs, steps in sizes if envs and steps), default=None)
+
+
 def report_steps(config: dict) -> list[int]:  # where a trial reports its value so far (the last: its value)
     interval = config["total_timesteps"] // config["reports"]
     return [interval * k for k in range(1, config["reports"])] if interval else []
@@ -210,6 +260,7 @@ def load_study(storage, name: str, config: dict | None, worker: int = 0):
     stored = study.user_attrs.get("tune:config") or config
     if stored is None:
         raise SweepError(f"study {name} was not started by benchmark/tune.py (it has no tune:config); use another")
+    stored = {"work_dir": sweep.REPO_ROOT, **stored}  # a study started before its runs went where the user stands
     for key in [k for k in config or {} if k != "trials" and stored.get(k) != config[k]]:
         raise SweepError(f"study {name} has {key} {stored[key]!r}, not {config[key]!r}; keep it or use a new name")
     if config is not None and study.user_attrs.get("tune:config") != config:
@@ -278,6 +329,7 @@ class Worker:
 
     def __init__(self, study, config: dict, a: argparse.Namespace, log_dir: str) -> None:
         self.study, self.config, self.log_dir, self.stale_after = study, config, log_dir, a.stale_after
+        self.runs_dir = os.path.join(config["work_dir"], "runs")  # the study's, wherever this worker was started
         self.slots, self.pin = sweep.make_slots(a, config["args"])
         self.python, self.lock = sweep.runs_python(), threading.Lock()
         self.space = dict(
@@ -346,7 +398,7 @@ class Worker:
         if end or value is None:
             return "pruned" if end.startswith("pruned") else "fail", end or "a run finished without a finished episode"
         trial.set_user_attr("tune:scores", scores)
-        trial.set_user_attr("tune:run_dirs", [os.path.relpath(r.run_dir, sweep.REPO_ROOT) for r in runs])
+        trial.set_user_attr("tune:run_dirs", [os.path.relpath(r.run_dir, self.config["work_dir"]) for r in runs])
         return "complete", value
 
     def watch(self, trial, runs: list[TrialRun], slot: sweep.Slot) -> str:
@@ -355,7 +407,7 @@ class Worker:
         for r, cpus in zip(runs, gpu_utils.split_cpus(slot.cpus, len(runs))):
             if not r.outcome and not self.stopper.stopping:  # on the slot's GPU, and CPUs of its own
                 command = slot.command([self.python, *r.args, *(["--resume", r.resume] if r.resume else [])])
-                r.proc = sweep.start_run(command, cpus, self.pin, r.log)
+                r.proc = sweep.start_run(command, cpus, self.pin, r.log, self.config["work_dir"])
                 self.stopper.started(r.proc)
         end, reported, beat = "", set(), time.time()
         while any(r.proc is not None and not r.outcome for r in runs):
@@ -388,13 +440,14 @@ class Worker:
         runs = []
         for env in self.config["envs"] or [None]:
             for seed in self.config["seeds"]:
-                args = [self.config["script"], *(["--env-id", env] if env else []), "--seed", seed, "--exp-name", exp]
+                script = os.path.join(sweep.REPO_ROOT, self.config["script"])  # the runs start in the work dir
+                args = [script, *(["--env-id", env] if env else []), "--seed", seed, "--exp-name", exp]
                 log = os.path.join(self.log_dir, "logs", f"t{origin:03d}_{(env or 'run').replace('/', '_')}_{seed}.log")
-                pattern = f"{(env or '*').replace('/', '_')}__{exp}__{seed}__*"
+                pattern = os.path.join(self.runs_dir, f"{(env or '*').replace('/', '_')}__{exp}__{seed}__*")
                 runs.append(TrialRun(env, args + value_args(self.config, values), log, pattern))
                 if continues:
                     runs[-1].read()
-                    d = sweep.decide_resume(RUNS_DIR, os.path.basename(runs[-1].run_dir or "").rsplit("__", 1)[0])
+                    d = sweep.decide_resume(self.runs_dir, os.path.basename(runs[-1].run_dir or "").rsplit("__", 1)[0])
                     if d.action in ("live", "error") or d.note.startswith("diverged"):
                         raise ValueError(f"its run cannot continue: {d.note}")
                     runs[-1].outcome = "finished" if d.action == "skip" else ""
@@ -488,7 +541,7 @@ def build_parser() -> sweep.Parser:
     return p
 
 
-def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, list[dict]]:
+def make_config(a: argparse.Namespace, passthrough: list[str], work_dir: str) -> tuple[dict, list[dict]]:
     """The study's settings (its user attribute tune:config) and its --enqueue'd trials, checked."""
     fields = sweep.script_fields(a.script)
     space = dict(parse_param(spec, fields, a.script) for spec in a.param)
@@ -517,7 +570,7 @@ def make_config(a: argparse.Namespace, passthrough: list[str]) -> tuple[dict, li
     if not 0 <= a.prune_warmup < 1:
         raise SweepError(f"--prune-warmup is a part of each run, in [0, 1); got {a.prune_warmup}")
     config = {"script": a.script, "params": a.param, "envs": envs, "seeds": sweep.parse_seeds(a.seeds)}
-    config |= {"args": passthrough, "total_timesteps": int(total), "references": references}
+    config |= {"args": passthrough, "total_timesteps": int(total), "references": references, "work_dir": work_dir}
     kept = ("last_episodes", "reports", "pruner", "prune_warmup", "prune_startup", "sampler_seed", "trials")
     config |= {key: getattr(a, key) for key in kept}
     return config, [parse_enqueue(text, space, fields, a.script) for text in a.enqueue]
@@ -532,7 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv[:cut])
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(_[A-Za-z0-9.-]+)*", a.study_name):
         raise SweepError(f"--study-name '{a.study_name}': use letters, digits, '.', '-' and single '_'")
-    log_dir = os.path.abspath(a.log_dir or os.path.join(RUNS_DIR, "tune", a.study_name))
+    # the runs, their logs and the study go where the user stands, as a script's runs/ does (docs/tuning.md)
+    work_dir = os.path.abspath(a.work_dir or os.getcwd())
+    log_dir = os.path.abspath(a.log_dir or os.path.join(work_dir, "runs", "tune", a.study_name))
     if a.out:  # now, not after the study
         sweep.make_dir(a.out, "--out")
     storage = a.storage or os.path.join(log_dir, "study.journal")
@@ -542,31 +597,47 @@ def main(argv: list[str] | None = None) -> int:
     file = storage.removeprefix("sqlite:///") if "://" not in storage or storage.startswith("sqlite:///") else None
     if a.script in ("attach", "report") and file and not os.path.isfile(file):  # nothing to join: make no file
         raise SweepError(f"no study file {file}; give the --storage the study was started with")
-    config, enqueued = (None, None) if a.script in ("attach", "report") else make_config(a, passthrough)
+    if a.script in ("attach", "report") and a.work_dir:
+        raise SweepError(f"--work-dir is the study's: {a.script} uses the folder it was started with; drop it")
+    config, enqueued = (None, None) if a.script in ("attach", "report") else make_config(a, passthrough, work_dir)
     if a.slurm:  # a job array of --workers tasks, each `tune.py attach` on the study
         attach = [sys.executable, os.path.join(BENCH, "tune.py"), "attach", "--study-name", a.study_name]
         attach += ["--storage", storage, "--log-dir", log_dir, "--stale-after", str(a.stale_after)]
         note = f"each task: one more worker on study {a.study_name}"
-        script = sweep.sbatch_script(f"tune-{a.study_name}", a.workers, log_dir, a, shlex.join(attach), note)
+        args = (a.workers, log_dir, a, shlex.join(attach), note, work_dir)
+        script = sweep.sbatch_script(f"tune-{a.study_name}", *args)
     if a.slurm and a.dry_run:
         sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, True)
         return 0
     storage_obj = open_storage(storage)
     if enqueued is not None and a.study_name not in optuna.get_all_study_names(storage_obj):
-        earlier = glob.glob(os.path.join(RUNS_DIR, f"*__{a.study_name}_t[0-9]*__*"))
+        earlier = glob.glob(os.path.join(work_dir, "runs", f"*__{a.study_name}_t[0-9]*__*"))
         if earlier:
             raise SweepError(f"runs/ holds runs of an earlier study {a.study_name} ({earlier[0]}): use a new name")
         for values in enqueued:  # run first
             load_study(storage_obj, a.study_name, config)[0].enqueue_trial(values)
     study, config = load_study(storage_obj, a.study_name, config, int(os.environ.get("SLURM_ARRAY_TASK_ID") or 0))
     if a.script == "report":
+        say(
+            f"report of study {a.study_name} (runs in {config['work_dir']}/runs) to {os.path.abspath(a.out or log_dir)}"
+        )
         write_report(study, config, storage, os.path.abspath(a.out or log_dir))
         return 0
+    runs = f"{config['trials']} trials of {config['script']} write {config['work_dir']}/runs; logs in {log_dir}"
+    say(f"study {a.study_name} in {storage}: {runs}")
+    update = first_update(config)
+    if update is not None and update >= config["total_timesteps"]:  # issue #54: eight trials all scored -1,130.9
+        total = f"{config['total_timesteps']:,}"
+        say(
+            f"note: each run's first update comes at step {update:,}, when its budget of {total} steps is spent: every "
+            "episode the objective reads is played before it, so every trial scores the same; give -- "
+            f"--total-timesteps more than {update:,}"
+        )
     if a.slurm:
+        sweep.make_dir(work_dir, "--work-dir")  # the tasks start there
         sweep.submit(script, os.path.join(log_dir, "tune.sbatch"), a.sbatch_args, False)
         say(f"when it ends: python benchmark/tune.py report --study-name {a.study_name} --storage {storage}")
         return 0
-    say(f"study {a.study_name} in {storage}: {config['trials']} trials of {config['script']}; logs in {log_dir}")
     stopped = Worker(study, config, a, log_dir).run()
     if stopped:
         continues = f"the same command (or tune.py attach --study-name {a.study_name} ...) continues the study"

@@ -4,6 +4,7 @@ import contextlib
 import csv
 import io
 import os
+import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -135,7 +136,7 @@ def test_report_group_numbers(report):
     assert row[7] == "not logged"  # no "device" text and no GPU samples in these event files
     assert row[8] == "326.5 (test lab); 274.8 (test paper, BreakoutNoFrameskip-v4)"  # the comparable one first
     assert row[9] == "done"
-    assert res.stdout.startswith("| script")
+    assert res.stdout.splitlines()[1].startswith("| script")  # below the line naming the folders
 
 
 def test_report_in_progress_and_no_episodes(report):
@@ -507,3 +508,14 @@ def test_report_weighs_window_means_by_their_games(tmp_path):
     run = rep.load_run(str(run_dir))
     curve = rep.curve_on_grid([run], np.array([3000.0]), smooth=100)
     assert curve[0, 0] == pytest.approx(mean)
+
+
+def test_report_writes_where_the_user_stands(tmp_path):
+    """Issue #54: from a folder outside the checkout, the report went to the checkout's benchmark/results/. Now it goes
+    to the runs folder it reads (--out picks another), and its first line names both."""
+    write_run(tmp_path / "runs", "Pendulum-v1__where54__1__1700000000", returns=[-1000.0, -900.0], total=400)
+    cmd = [sys.executable, os.path.join(BENCH, "report.py"), "runs", "--no-plots"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines()[0] == f"[report] the runs in {tmp_path / 'runs'}; report.md to {tmp_path / 'runs'}"
+    assert "where54" in (tmp_path / "runs" / "report.md").read_text()

@@ -5,6 +5,7 @@ a script. The modes run in this process. Nothing here is timed."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import FAKE_RUN
@@ -224,3 +225,15 @@ def test_run_mode_writes_its_table(monkeypatch, capsys, tmp_path):
     text = report.read_text()
     assert f"- command: `python benchmark/speed.py run {script} --steps 100" in text
     assert "--total-timesteps 100` | 100 |" in text and "| failed (exit 3)" in text and "last words, exit 3" in text
+
+
+def test_a_table_is_written_where_the_user_stands(tmp_path):
+    """Issue #54: from a folder outside the checkout, `speed.py table` wrote its file into the checkout's
+    benchmark/results/. Now it writes into the folder it is started from (--out picks another) and says so first."""
+    cmd = [sys.executable, os.path.join(BENCH, "speed.py"), "table", "--profile", "cpu", "--only", "no-such-row"]
+    res = subprocess.run([*cmd, "--host", "where54"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines()[0] == f"[speed] table: its file goes to {tmp_path}", res.stdout
+    (written,) = tmp_path.glob("throughput_cpu_where54_*.md")
+    assert f"wrote {written}" in res.stdout
+    assert not list(Path(BENCH, "results").glob("throughput_cpu_where54_*.md"))

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 from helpers import SNAKE_LONGER, SNAKE_LONGER_STEPS, save_checkpoint_with_code, wait_for
@@ -348,11 +349,9 @@ def test_decide_resume(tmp_path):
 
 def test_resume_existing_in_a_sweep(tmp_path, engine, monkeypatch):
     """The dry run and a real sweep act on each run's decision: finished skipped, stopped continued with --resume
-    (a path from the repo root, where runs start), a live run left alone, a bad checkpoint a failure, the rest
+    (a path from the folder the runs start in), a live run left alone, a bad checkpoint a failure, the rest
     afresh."""
-    monkeypatch.setattr(sweep, "REPO_ROOT", str(tmp_path))
-    for name in ("dqn_snake_vec.py", "run_utils.py"):  # the flags after -- are read from its Args
-        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    monkeypatch.chdir(tmp_path)  # where the user stands: its runs/
     done = fake_checkpoint(tmp_path, "Snake6x6__dqn_snake_vec_n8__1", "finished", 100, 100)
     stopped = fake_checkpoint(tmp_path, "Snake6x6__dqn_snake_vec_n8__2", "stopped", 40, 100)
     live = fake_checkpoint(tmp_path, "Snake6x6__dqn_snake_vec_n8__3", "running", 40, 100)
@@ -532,8 +531,9 @@ def test_slurm_dry_run_script(engine):
         "#SBATCH --account=rl-lab",
     ]
     assert "run: sbatch --parsable --qos=high --comment 'two words' /tmp/sw/ppo_atari.sbatch" in out
-    task = f'exec {sys.executable} benchmark/sweep.py task /tmp/sw/ppo_atari.json "${{SLURM_ARRAY_TASK_ID:-}}"'
-    assert script.splitlines()[-3:] == ["set -u", f"cd {ROOT} || exit 2", task]
+    engine_path = os.path.join(ROOT, "benchmark", "sweep.py")
+    task = f'exec {sys.executable} {engine_path} task /tmp/sw/ppo_atari.json "${{SLURM_ARRAY_TASK_ID:-}}"'
+    assert script.splitlines()[-3:] == ["set -u", f"cd {os.getcwd()} || exit 2", task]  # where the user stands
     assert "pwned" not in script and "two words" not in script
     pong = "ppo_atari.py --env-id ALE/Pong-v5 --gae-lambda 0.85 --seed 1 --track --total-timesteps 1000 --exp-name"
     assert f"[task 0] ALE/Pong-v5 lambda=0.85 seed=1: {pong}" in out
@@ -624,7 +624,7 @@ def test_slurm_task_script_without_slurm(tmp_path):
     cpus = min(2, len(os.sched_getaffinity(0)))  # SLURM's 2, within the CPUs this test may use (pytest -n pins)
     assert res.returncode == 0 and "[sweep] resume [run 0] Snake5x5 n=8 seed=2: stopped at step 200" in res.stdout
     assert fake_log.read_text() == (
-        "args: dqn_snake_vec.py --height 5 --width 5 --num-envs 8 --exp-name dqn_snake_vec_n8 --seed 2 "
+        f"args: {repo}/dqn_snake_vec.py --height 5 --width 5 --num-envs 8 --exp-name dqn_snake_vec_n8 --seed 2 "
         f"--total-timesteps 500 --resume runs/{stopped.name}/checkpoint.pt threads: {cpus} {cpus}\n"
     )
     log = (logs / "001_Snake5x5_n=8_seed=2.log").read_text()  # in the repo root: paths are relative to it
@@ -659,7 +659,8 @@ def test_a_killed_engines_runs_get_sigterm(tmp_path):
     )
     parent = (
         f"import sys, time\nsys.path.insert(0, {os.path.join(ROOT, 'benchmark')!r})\nimport sweep\n"
-        f"sweep.start_run([sys.executable, '-c', {child!r}], [0], False, {str(tmp_path / 'log')!r})\ntime.sleep(60)"
+        f"sweep.start_run([sys.executable, '-c', {child!r}], [0], False, {str(tmp_path / 'log')!r}, "
+        f"{str(tmp_path)!r})\ntime.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", parent])
     try:
@@ -669,3 +670,23 @@ def test_a_killed_engines_runs_get_sigterm(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_sweep_writes_its_runs_where_the_user_stands(tmp_path):
+    """Issue #54: started from a folder outside the checkout, the sweep's runs wrote runs/ into the checkout (they
+    started in its root), where `benchmark/report.py runs/` from that folder then found nothing. Now the runs start
+    where the user stands (--work-dir picks another folder), as a script started by hand does, and the first line
+    names the folder."""
+    env = sweep_env(NUM_GPUS="0", PYTHON=sys.executable)
+    args = ["bash", os.path.join(ROOT, "benchmark", "dqn_snake.sh"), *SNAKE, "--seeds", "1", "--", "--exp-name"]
+    args += ["where54", "--total-timesteps", "400", "--learning-starts", "100000000", "--buffer-size", "800"]
+    res = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines()[0].startswith(f"[sweep] dqn_snake: 1 runs write {tmp_path}/runs; logs in "), res
+    (run_dir,) = tmp_path.glob("runs/Snake5x5__where54__1__*")
+    assert run_utils.read_checkpoint(run_dir / "checkpoint.pt")["status"] == "finished"
+    assert list(tmp_path.glob("runs/sweep_logs/dqn_snake_*/summary.txt"))
+    assert not list(Path(ROOT, "runs").glob("Snake5x5__where54__*"))  # nothing in the checkout
+    other = tmp_path / "other"
+    res = subprocess.run([*args[:8], "--work-dir", other, "--dry-run"], cwd=tmp_path, env=env, capture_output=True)
+    assert res.returncode == 0 and f"1 runs write {other}/runs".encode() in res.stdout.splitlines()[0], res

@@ -192,10 +192,9 @@ def test_slurm_dry_run_prints_the_array_and_makes_nothing(tmp_path, capsys):
 def test_a_worker_thread_that_fails_ends_the_tuner_with_one_error_line(tmp_path, capsys, monkeypatch):
     """Before: the thread died with a traceback, and the tuner said 'this worker is done; trials still run elsewhere'
     and exited 0."""
-    monkeypatch.setattr(tune, "RUNS_DIR", str(tmp_path))
     monkeypatch.setattr(tune, "recover_stale", lambda *args: (_ for _ in ()).throw(OSError("disk I/O error")))
     argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(tmp_path / "j"), "--param", "gamma=0.9:0.99"]
-    assert tune.main([*argv, "--log-dir", str(tmp_path / "logs"), "--jobs", "2"]) == 2
+    assert tune.main([*argv, "--log-dir", str(tmp_path / "logs"), "--jobs", "2", "--work-dir", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert captured.err == (
         "error: the tuner failed (OSError: disk I/O error); rerun the same command once its cause is mended, or a "
@@ -207,13 +206,13 @@ def test_a_worker_thread_that_fails_ends_the_tuner_with_one_error_line(tmp_path,
 def test_a_study_whose_trials_all_fail_stops_with_the_runs_error(tmp_path, capsys, monkeypatch):
     """Before: a wrong flag after -- failed every one of --trials in seconds, and the error of the runs was only in
     their logs."""
-    monkeypatch.setattr(tune, "RUNS_DIR", str(tmp_path))
     log = tmp_path / "t000.log"
     log.write_text("# the command\nerror: --num-envs must be at least 1, got 0\n")
     failed = tune.TrialRun(None, [], str(log), "no-run-*", proc=subprocess.CompletedProcess([], 2))  # none started
     monkeypatch.setattr(tune.Worker, "run_trial", lambda self, trial, slot: ("fail", failed.ended(False)))
     argv = ["ppo_continuous.py", "--study-name", "s", "--storage", str(tmp_path / "j"), "--param", "gamma=0.9:0.99"]
-    assert tune.main([*argv, "--log-dir", str(tmp_path / "logs"), "--trials", "10", "--jobs", "1"]) == 2
+    where = ["--log-dir", str(tmp_path / "logs"), "--work-dir", str(tmp_path)]
+    assert tune.main([*argv, *where, "--trials", "10", "--jobs", "1"]) == 2
     captured = capsys.readouterr()
     assert captured.out.count("FAILED") == tune.ALL_FAILED  # not all 10
     why = f"a run exited with code 2 (error: --num-envs must be at least 1, got 0; checkpoint None): see {log}"
@@ -223,8 +222,7 @@ def test_a_study_whose_trials_all_fail_stops_with_the_runs_error(tmp_path, capsy
 def test_the_value_is_read_from_event_files_as_they_grow(tmp_path, monkeypatch):
     from torch.utils.tensorboard import SummaryWriter
 
-    monkeypatch.setattr(tune, "RUNS_DIR", str(tmp_path))
-    run = tune.TrialRun("Hopper-v5", [], "log", "Hopper-v5__s_t000__1__*")
+    run = tune.TrialRun("Hopper-v5", [], "log", str(tmp_path / "Hopper-v5__s_t000__1__*"))
     writer = SummaryWriter(tmp_path / "Hopper-v5__s_t000__1__1700000000")
     for step, value in [(100, 1.0), (200, 2.0), (300, 3.0)]:
         writer.add_scalar(tune.report.RETURN_TAG, value, step)
@@ -466,3 +464,50 @@ def test_documented_tune_calls_use_its_options():
             name = words[i + 1].strip("'\"").split("=")[0].replace("-", "_")
             bad += [f"{page}: --param {name}"] if word == "--param" and name not in fields else []
     assert bad == []
+
+
+def test_a_budget_of_one_rollout_is_said_before_the_study_starts(tmp_path, capsys, monkeypatch):
+    """Issue #54: eight trials of Pendulum-v1 with `-- --total-timesteps 4096 --num-envs 2` all scored -1,130.9, as
+    their episodes ended before the runs' one update. Before: nothing said so."""
+    monkeypatch.setattr(tune.Worker, "run", lambda self: "")  # the study itself is not run here
+    monkeypatch.setattr(tune, "write_report", lambda *args: None)
+    study = ["ppo_continuous.py", "--param", "learning-rate=1e-4:1e-3:log", "--envs", "Pendulum-v1", "--jobs", "1"]
+
+    def said(name, *args):
+        where = ["--storage", str(tmp_path / f"{name}.journal"), "--log-dir", str(tmp_path / name)]
+        assert tune.main([*study, "--study-name", name, *where, "--", *args]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    out = said("one", "--total-timesteps", "4096", "--num-envs", "2")
+    note = [i for i, line in enumerate(out) if "first update" in line]
+    assert len(note) == 1 and note[0] < min(i for i, line in enumerate(out) if line.startswith("[sweep]")), out
+    assert "step 4,096" in out[note[0]] and "every trial scores the same" in out[note[0]], out
+    assert not [line for line in said("two", "--total-timesteps", "8192", "--num-envs", "2") if "first update" in line]
+    # the smallest searched rollout counts; a preset's sizes come from the script
+    assert tune.first_update({**CONFIG, "args": ["--total-timesteps", "4096", "--preset", "fast"]}) == 4096
+    config = {**CONFIG, "params": ["num-steps=64:2048"], "args": ["--total-timesteps", "4096"]}
+    assert tune.first_update(config) == 64
+    atari = {**CONFIG, "script": "ppo_atari.py", "params": ["gamma=0.9:0.99"], "args": []}
+    assert tune.first_update(atari) == 16 * 128
+    snake = {**CONFIG, "script": "dqn_snake_vec.py", "params": ["gamma=0.9:0.99"], "args": ["--learning-starts", "7"]}
+    assert tune.first_update(snake) == 7
+
+
+def test_a_study_writes_its_runs_where_the_user_stands(tmp_path):
+    """Issue #54: started from a folder outside the checkout, the tuner wrote runs/ into the checkout, where
+    `python benchmark/report.py runs/` from that folder then found nothing. Now its runs, logs and study go to the
+    folder it is started from (its first line says so), as the scripts' own runs/ do."""
+    cmd = [sys.executable, os.path.join(ROOT, "benchmark", "tune.py"), "ppo_continuous.py", "--study-name", "where54"]
+    cmd += ["--param", "gamma=0.9:0.99", "--trials", "1", "--jobs", "1", "--envs", "Pendulum-v1", "--pruner", "none"]
+    cmd += ["--last-episodes", "2", "--", "--total-timesteps", "512", "--num-steps", "256", "--num-minibatches", "2"]
+    cmd += ["--update-epochs", "1", "--no-progress-bar"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    first = res.stdout.splitlines()[0]
+    assert f"{tmp_path}/runs" in first, res.stdout
+    (run_dir,) = glob.glob(f"{tmp_path}/runs/Pendulum-v1__where54_t000__1__*")
+    assert (tmp_path / "runs" / "tune" / "where54" / "study.journal").is_file()
+    assert not glob.glob(os.path.join(ROOT, "runs", "*__where54_t*"))  # nothing in the checkout
+    report = [sys.executable, os.path.join(ROOT, "benchmark", "report.py"), "runs", "--no-plots"]
+    res = subprocess.run(report, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "where54_t000" in res.stdout, res.stdout + res.stderr
