@@ -221,20 +221,18 @@ def env_rate(envs, actions, seconds: float) -> float:
     return rate
 
 
-def atari_row(seconds: float, n: int, batch_size: int = 0) -> tuple:
-    """atari_envs.make_envs' Breakout (ppo_atari.py's envs) on every allowed CPU; ``batch_size`` B: --async-envs B's
-    envs (each step acts on the first B to finish)."""
+def atari_row(seconds: float, n: int) -> tuple:
+    """ppo_atari.make_envs' Breakout (the script's envs) on every allowed CPU."""
     threads = gpu_utils.available_cpus()
 
     def rate() -> float:
         import ppo_atari
 
-        envs = ppo_atari.make_envs(ppo_atari.Args(), n, threads, batch_size)
-        actions = np.random.default_rng(0).integers(0, envs.single_action_space.n, (64, batch_size or n))
+        envs = ppo_atari.make_envs("ALE/Breakout-v5", n, threads, ppo_atari.Args().max_episode_frames)
+        actions = np.random.default_rng(0).integers(0, envs.single_action_space.n, (64, n))
         return env_rate(envs, actions, seconds)
 
-    what = f"ceiling: AtariVectorEnv Breakout, {n} envs, {threads} threads"
-    return what + (f", async batches of {batch_size}" if batch_size else ""), "agent steps/s", rate
+    return f"ceiling: AtariVectorEnv Breakout, {n} envs, {threads} threads", "agent steps/s", rate
 
 
 def mujoco_row(seconds: float, n: int, subproc: bool) -> tuple:
@@ -300,7 +298,7 @@ def ceiling(what: str, unit: str, rate) -> Result:
 def ceilings(a, device: str) -> list[tuple]:
     """(what, unit, rate) of each ceiling the options ask for: VecSnake dense and fused on CUDA, sparse on a CPU
     (each device's default in dqn_snake_vec.py; fused on a CPU compiles for a minute and runs slower)."""
-    rows = [atari_row(a.seconds, n) for n in a.atari_envs] + [atari_row(a.seconds, n, n // 2) for n in a.async_envs]
+    rows = [atari_row(a.seconds, n) for n in a.atari_envs]
     modes = ["dense", "fused"] if device == "cuda" else ["sparse"]
     rows += [snake_row(a.seconds, n, device, mode) for n in a.snake_sizes for mode in modes]
     rows += [mujoco_row(a.seconds, n, subproc) for n in a.mujoco_envs for subproc in (False, True)]
@@ -387,7 +385,7 @@ def profile(name: str, cuda: bool) -> list[Setting]:
         atari, heavy = Setting(["ppo_atari.py", *BREAKOUT], 2048, 3), Setting([*cheetah, "--preset", "heavy"], 8192, 2)
         return [atari, Setting(cheetah, 2048, 6), heavy, snake(256, 6), snake(4096, 3)]
     gpu = ["--gpu", "true"]
-    atari = [["--compile"], GRAPHS, [*GRAPHS, "--async-envs", "8"], [], ["--amp"]]
+    atari = [["--compile"], GRAPHS, [], ["--amp"]]
     atari = [Setting(["ppo_atari.py", *BREAKOUT, *gpu, *flags], 2048, 25) for flags in atari]
     presets = [(["beast", "--subproc"], 32768, 4), (["beast"], 32768, 4), (["fast"], 4096, 8), (["heavy"], 8192, 6)]
     cont = [Setting(["ppo_continuous.py", *CHEETAH, *gpu, "--preset", *p], batch, n) for p, batch, n in presets]
@@ -453,7 +451,6 @@ def parser() -> Parser:
     for sp in (t, c):
         sp.add_argument("--seconds", type=count(0.1, float), help="seconds per ceiling (default 5 cpu, 2 gpu)")
         sp.add_argument("--atari-envs", type=count(1), nargs="*", help="AtariVectorEnv sizes")
-        sp.add_argument("--async-envs", type=count(2), nargs="*", help="AtariVectorEnv sizes in async halves")
         sp.add_argument("--snake-sizes", type=count(1), nargs="*", help="VecSnake sizes")
         sp.add_argument("--mujoco-envs", type=count(1), nargs="*", default=[], help="HalfCheetah vector envs")
         sp.add_argument("--mjx-envs", type=count(1), nargs="*", help="MJX worlds (default: 4096 gpu, none cpu)")
@@ -484,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[speed] {a.mode}: {where}", flush=True)
     gpu = torch.cuda.is_available() if getattr(a, "profile", None) is None else a.profile == "gpu"
     defaults = {"profile": "gpu" if gpu else "cpu", "seconds": 2 if gpu else 5, "budget_minutes": 8 if gpu else 0}
-    defaults |= {"atari_envs": [16, 64, 128] if gpu else [16, 64], "async_envs": [16] if gpu else []}
+    defaults |= {"atari_envs": [16, 64, 128] if gpu else [16, 64]}
     defaults |= {"snake_sizes": [2**k for k in range(12, 23, 2)] if gpu else [256, 4096, 65536]}
     defaults |= {"mjx_envs": [4096] if gpu else [], "repeats": 1, "scale": 1.0}
     if a.mode == "compare":

@@ -170,11 +170,11 @@ def test_compare_rows_are_matched(monkeypatch, capsys):
 def test_gpu_profile_rows(monkeypatch, capsys):
     rc, out, _ = cli(monkeypatch, capsys, "table", "--profile", "gpu", "--dry-run")
     rows = out.splitlines()
-    assert rc == 0 and sum("AtariVectorEnv" in r for r in rows) == 4  # 16, 64, 128 envs, and 16 in async halves
+    assert rc == 0 and sum("AtariVectorEnv" in r for r in rows) == 3  # 16, 64, 128 envs
     assert sum("VecSnake" in r for r in rows) == 6  # 2^12 ... 2^22, every other power; sparse on this CPU
     training = [r for r in rows if r.startswith("python ")]
-    assert len(training) == 5 + 5 + 9 and all("--gpu true" in r for r in training)
-    for flags in ("--compile --cudagraphs --async-envs 8", "--amp", "--preset beast --subproc", "--preset heavy"):
+    assert len(training) == 4 + 5 + 9 and all("--gpu true" in r for r in training)
+    for flags in ("--compile --cudagraphs", "--amp", "--preset beast --subproc", "--preset heavy"):
         assert any(flags in r for r in training), flags
     assert sum("--num-envs 4096" in r for r in training) == 3 and sum("--env-mode dense" in r for r in training) == 3
     assert training[0].startswith("python ppo_atari.py --env-id ALE/Breakout-v5 --gpu true --compile")
