@@ -17,40 +17,15 @@ import os
 import sys
 import time
 
-import ale_py
 import gymnasium as gym
 import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from ppo_atari import Agent  # noqa: E402  (the network class only: the env helpers are being moved)
+from ppo_atari import Agent, make_envs  # noqa: E402  (the script's network and its ALE v5 envs)
 
 MODEL = "benchmark/results/atari_gpu/runs/ALE_Breakout-v5__ppo_atari__1__1795425019/ppo_atari.model"
-
-
-def make_envs(env_id: str, num_envs: int, max_frames: int) -> ale_py.AtariVectorEnv:
-    """ppo_atari.py's ALE v5 settings (atari_envs.make_envs on 2026-11-29), written out here."""
-    return ale_py.AtariVectorEnv(
-        gym.spec(env_id).kwargs["game"],
-        num_envs,
-        repeat_action_probability=0.25,
-        full_action_space=False,
-        num_threads=min(2, num_envs),
-        autoreset_mode="SameStep",
-        frameskip=4,
-        maxpool=True,
-        img_height=84,
-        img_width=84,
-        grayscale=True,
-        stack_num=4,
-        noop_max=30,
-        use_fire_reset=True,
-        episodic_life=False,
-        life_loss_info=False,
-        reward_clipping=False,
-        max_num_frames_per_episode=max_frames,
-    )
 
 
 def main() -> int:
@@ -72,7 +47,7 @@ def main() -> int:
     agent.eval()
     torch.set_num_threads(1)  # a small network: the env threads take the other core
     torch.manual_seed(a.seed)
-    envs = make_envs(a.env_id, a.games, a.max_frames)
+    envs = make_envs(a.env_id, a.games, 2, a.max_frames)
     obs, info = envs.reset(seed=a.seed)
     n = a.games
     lives = np.array(info["lives"])
