@@ -210,6 +210,35 @@ TASKS: dict[str, type] = {
 }
 
 
+# ---------------------------------------------------------------- physics="fast": the solver's settings per task
+# gymnasium's XMLs leave MuJoCo's Newton solver at 100 iterations and 50 line-search iterations. In float32 its
+# tolerance (1e-8) is not always reached, so some worlds run on with no visible change, and under jax.vmap every
+# world waits for the slowest. The fast setting caps them: mjOption fields set on the model before mjx.put_model, per
+# task the cheapest whose one-step errors stayed as close to gymnasium's as the exact setting's
+# (benchmark/mjx_fidelity.py; the table, the rule and what was not measured: docs/mjx.md, "Fast physics"). A task
+# without an entry has no measured setting.
+FAST_PHYSICS: dict[str, dict[str, int]] = {
+    "HalfCheetah-v5": {"iterations": 8, "ls_iterations": 16},  # 4,8 moved a few fast states' velocities by up to 0.5
+    "Hopper-v5": {"iterations": 4, "ls_iterations": 8},  # 2,4 moved some by up to 0.23
+    "InvertedPendulum-v5": {"iterations": 1, "ls_iterations": 4},  # within 2.4e-7 of exact (random policy)
+}
+PHYSICS = ("exact", "fast")
+
+
+def physics_options(env_id: str, physics: str) -> dict[str, int]:
+    """The mjOption fields ``physics`` sets on ``env_id``'s model: none for "exact" (the XML as gymnasium ships it),
+    FAST_PHYSICS's for "fast"."""
+    if physics not in PHYSICS:
+        raise MJXEnvError(
+            f"physics must be 'exact' (gymnasium's XML as it ships) or 'fast' (docs/mjx.md), not {physics!r}"
+        )
+    if physics == "fast" and env_id not in FAST_PHYSICS:
+        *others, last = FAST_PHYSICS
+        measured = f"{', '.join(others)} and {last}"
+        raise MJXEnvError(f"physics='fast' is measured for {measured} only: use 'exact' for {env_id} (docs/mjx.md)")
+    return FAST_PHYSICS[env_id] if physics == "fast" else {}
+
+
 def make_task(env_id: str, **task_kwargs: Any):
     """The task's rules with gymnasium's defaults, overridden by ``task_kwargs`` as ``gym.make(env_id, **kw)``."""
     if env_id not in TASKS:
@@ -342,6 +371,7 @@ class MJXVectorEnv:
         seed: int = 0,
         device: str | torch.device | None = None,
         impl: str = "jax",
+        physics: str = "exact",
         max_episode_steps: int | None = None,
         naconmax: int | None = None,
         njmax: int | None = None,
@@ -353,12 +383,15 @@ class MJXVectorEnv:
         seed: the key of the reset noise; ``reset(seed=...)`` replaces it.
         device: a torch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``) or None for JAX's default device.
         impl: ``"jax"`` (any JAX device) or ``"warp"`` (MuJoCo Warp; NVIDIA GPUs, or Warp's CPU device).
+        physics: ``"exact"`` (the XML's solver settings, as gymnasium steps it) or ``"fast"`` (FAST_PHYSICS: fewer
+            solver iterations, chosen per task by one-step errors; docs/mjx.md).
         max_episode_steps: the time limit, reported as truncation; None: gymnasium's registry (1,000).
         naconmax, njmax: MuJoCo Warp's contact buffer for all worlds and constraint rows per world (impl="warp");
             None: the bounds MJX's JAX implementation computes for the model, times ``num_envs`` for naconmax.
         task_kwargs: gymnasium's constructor arguments (``ctrl_cost_weight=0.2``, ``reset_noise_scale=...``).
         """
         self.task = make_task(env_id, **task_kwargs)
+        options = physics_options(env_id, physics)
         if num_envs < 1:
             raise MJXEnvError(f"num_envs must be at least 1, not {num_envs}")
         if max_episode_steps is None:
@@ -371,6 +404,7 @@ class MJXVectorEnv:
         self.env_id = env_id
         self.num_envs = num_envs
         self.impl = impl
+        self.physics = physics
         self.max_episode_steps = int(max_episode_steps)
         self._jax = jax
         self._jax_device = _jax_device(jax, device)
@@ -387,6 +421,9 @@ class MJXVectorEnv:
             raise MJXEnvError(f"no MuJoCo model at {xml_path}")
         continuous_envs.warn_once_per_process()  # gymnasium's half_cheetah.xml: one warning, no MUJOCO_LOG.TXT
         self.mj_model = mujoco.MjModel.from_xml_path(str(xml_path))
+        opt = self.mj_model.opt  # set before put_model and the rescue state below: every step sees it
+        for name, value in options.items():
+            setattr(opt, name, opt.disableflags | value if name == "disableflags" else value)  # flags add to the XML's
         self.dt = self.mj_model.opt.timestep * self.task.frame_skip  # MujocoEnv.dt
         with jax.default_device(self._jax_device):
             self._build(jax, mjx, naconmax, njmax)
@@ -493,9 +530,10 @@ class MJXVectorEnv:
             zeros = jnp.zeros(n, jnp.float32)
             return (data, zeros, jnp.zeros(n, jnp.int32)), key, _pack(jnp, [obs])
 
-        def set_state(state, qpos, qvel):
+        def set_state(state, qpos, qvel, qacc_warmstart):
             data, episode_return, episode_length = state
-            return (data.replace(qpos=qpos, qvel=qvel), episode_return, episode_length)
+            warm = data.qacc_warmstart if qacc_warmstart is None else qacc_warmstart
+            return (data.replace(qpos=qpos, qvel=qvel, qacc_warmstart=warm), episode_return, episode_length)
 
         # JAX's GPU default multiplies float32 matrices in TF32 (10-bit mantissas): on an H200 (2026-11-26) that moved
         # HalfCheetah's velocities up to 2% from gymnasium's in one step. The physics multiplies in float32, as CPUs do:
@@ -552,14 +590,19 @@ class MJXVectorEnv:
         info |= {"episode": {"r": episode_return, "l": episode_length.to(torch.int32)}, "_episode": done}
         return obs, reward, terminated, truncated, info
 
-    def set_state(self, qpos, qvel) -> None:
+    def set_state(self, qpos, qvel, qacc_warmstart=None) -> None:
         """Set every world's qpos ``(num_envs, nq)`` and qvel ``(num_envs, nv)``, as MujocoEnv.set_state does for
-        one; other state (the solver's warm start, the episode counters) stays."""
+        one; other state (the episode counters, the solver's warm start) stays. ``qacc_warmstart`` ``(num_envs, nv)``:
+        MjData's warm start of the solver too, to step from a recorded state as its own run stepped from it (with
+        few solver iterations the warm start shows in the step)."""
         if self._state is None:
             raise MJXEnvError("call reset() before set_state()")
+        nv = self.mj_model.nv
         qpos = self._to_jax(qpos, (self.num_envs, self.mj_model.nq), "qpos", self._in_flight)
-        qvel = self._to_jax(qvel, (self.num_envs, self.mj_model.nv), "qvel", self._in_flight)
-        self._state = self._set_state_fn(self._state, qpos, qvel)
+        qvel = self._to_jax(qvel, (self.num_envs, nv), "qvel", self._in_flight)
+        if qacc_warmstart is not None:
+            qacc_warmstart = self._to_jax(qacc_warmstart, (self.num_envs, nv), "qacc_warmstart", self._in_flight)
+        self._state = self._set_state_fn(self._state, qpos, qvel, qacc_warmstart)
 
     def close(self) -> None:
         """Drop the worlds (the device memory goes back to JAX's allocator)."""

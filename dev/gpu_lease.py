@@ -16,7 +16,7 @@ a file under --out (a call brings back at most 8):
     ab        new and old code, group by group, at the settings of the speed targets                    ab.md
     ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
     profile   dev/profile_atari.py: the update's ms per iteration, every phase of the script's code     profile_*.md
-    mjx       --sim mjx (#40): HalfCheetah's MJX worlds alone, and ppo_continuous.py learning on them    mjx.md
+    mjx       --sim mjx (#53): HalfCheetah's worlds alone, exact and fast physics, the XLA flag; PPO SPS  mjx.md
     learn     only asked for (--parts learn --env-id E...): #40's targets, 3 seeds a task for 300 s    learn.md
 
 then summary.md (printed last): each target with its figure and ratio; the parts' output goes to lease.log. Where
@@ -27,6 +27,7 @@ of its own (`--parts mjx`).
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import importlib.util
 import json
@@ -74,6 +75,7 @@ LEARN = "--sim mjx --preset worlds --num-envs 1024 --num-steps 8 --num-minibatch
 LEARN += ["--gpu", "true", "--compile", "--cudagraphs"]  # after --env-id E
 MJX_TINY = "--env-id InvertedPendulum-v5 --sim mjx --gpu false --num-envs 16".split()
 MJX_TINY += "--num-steps 8 --minibatch-size 64 --update-epochs 1".split()  # the dry run's MJX runs
+TRITON = "--xla_gpu_triton_gemm_any=true"  # MJX's performance guide: about +30% on GPUs (docs/mjx.md)
 FACTS = """date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
 echo "CPUs: $(nproc --all),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"; echo "gcc: $(gcc --version | head -1)"
 "$0" -c 'import os, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); print("Python.h:", h,
@@ -111,11 +113,12 @@ def training_runs(before: str) -> dict[str, speed.Setting]:
 
 
 def mjx_runs() -> dict[str, speed.Setting]:
-    """ppo_continuous.py on 4,096 of HalfCheetah's MJX worlds (--preset worlds), eager and with the update as a CUDA
-    graph: the runs of #40's 300,000 SPS target."""
-    worlds = ["ppo_continuous.py", *speed.CHEETAH, "--sim", "mjx", "--preset", "worlds", "--gpu", "true"]
-    eager = speed.Setting(worlds, 4096 * 32, 10)
-    return {"mjx/worlds": eager, "mjx/worlds-graphs": replace(eager, args=[*worlds, *speed.GRAPHS])}
+    """ppo_continuous.py on HalfCheetah's MJX worlds (--preset worlds) with the update as a CUDA graph (#53): fast
+    physics at 4,096 and 16,384 worlds, then the exact physics at 4,096 (65,959 SPS on the H200 of 2026-11-26)."""
+    worlds = ["ppo_continuous.py", *speed.CHEETAH, "--sim", "mjx", "--preset", "worlds", "--gpu", "true", *speed.GRAPHS]
+    fast = speed.Setting([*worlds, "--physics", "fast"], 4096 * 32, 10)
+    wide = speed.Setting([*fast.args, "--num-envs", "16384"], 16384 * 32, 5)
+    return {"mjx/fast-graphs": fast, "mjx/fast-graphs/16384": wide, "mjx/worlds-graphs": replace(fast, args=worlds)}
 
 
 def tiny(setting: speed.Setting) -> speed.Setting:
@@ -210,31 +213,59 @@ def part_ceilings(o) -> int:
     return part_exit(results) if results else 1
 
 
+def worlds_rate(n: int, device: str, physics: str, seconds: float, env_id: str, xla_flags: str) -> float:
+    """Env steps/s of n MJX worlds with random actions (speed.env_rate), in a process of its own: JAX reads XLA_FLAGS
+    once, when it starts (and its compilation cache keys on them)."""
+    code = "import sys, torch, mjx_envs, speed\nn, device, physics, seconds, env_id = sys.argv[1:]\n"
+    code += "envs = mjx_envs.MJXVectorEnv(env_id, int(n), device=device, physics=physics)\n"
+    code += "space = envs.single_action_space\n"
+    code += "low, high = (torch.as_tensor(x, device=envs.device) for x in (space.low, space.high))\n"
+    code += "actions = low + (high - low) * torch.rand((64, int(n), *low.shape), device=envs.device)\n"
+    code += "print(speed.env_rate(envs, actions, float(seconds)))\n"
+    argv = [sys.executable, "-c", code, str(n), device, physics, str(seconds), env_id]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "benchmark")])}
+    env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError((done.stderr.strip() or f"exit {done.returncode}").splitlines()[-1])
+    return float(done.stdout.split()[-1])
+
+
 def part_mjx(o) -> int:
-    """--sim mjx (#40): HalfCheetah's worlds alone at 4,096 (the ceiling of the learning runs), the learning runs, then
-    16,384 worlds; each ceiling's wall time holds JAX's compilation. The dry run: 16 InvertedPendulum worlds on the
-    CPU and one tiny learning run on them. Without the mjx extra every row says so, and the part is not a failure."""
+    """--sim mjx (#53): HalfCheetah's worlds alone, exact against fast physics at 4,096, 16,384 and 65,536 worlds,
+    without and with TRITON in XLA_FLAGS, and ppo_continuous.py on them (mjx_runs), the most telling first; each row's
+    wall time holds JAX's compilation. The dry run: 16 InvertedPendulum worlds on the CPU, exact, and fast with the
+    flag, and one tiny learning run on them. Without the mjx extra every row says so, and the part is not a failure."""
     import mjx_envs
 
     if o.dry_run:
-        runs = {"mjx/worlds": speed.Setting(["ppo_continuous.py", *MJX_TINY], 128, 2)}
-        ceilings = {"mjx-env/16": speed.mjx_row(0.3, 16, "cpu", "InvertedPendulum-v5")}
-    else:
-        runs = mjx_runs()
-        ceilings = {f"mjx-env/{n}": speed.mjx_row(1.5, n, "cuda") for n in (4096, 16384)}
-    order = [next(iter(ceilings)), *runs, *list(ceilings)[1:]]
+        runs = {"mjx/fast": speed.Setting(["ppo_continuous.py", *MJX_TINY, "--physics", "fast"], 128, 2)}
+        order = ["mjx-env/16", "mjx/fast", "mjx-env/16/fast/triton"]
+    else:  # mjx-env/<worlds>[/fast][/triton]: a ceiling; the others, runs
+        runs, exact, fast = mjx_runs(), ["mjx-env/4096", "mjx-env/16384"], ["mjx-env/4096/fast", "mjx-env/16384/fast"]
+        order = [exact[0], fast[0], "mjx/fast-graphs", exact[1], fast[1], "mjx/fast-graphs/16384"]
+        order += [f"{key}/triton" for key in fast + exact]
+        order += ["mjx-env/65536/fast", "mjx-env/65536", "mjx-env/65536/fast/triton", "mjx-env/65536/triton"]
+        order.append("mjx/worlds-graphs")
     deadline, info, results = time.monotonic() + o.seconds, speed.machine_info(), {}
     missing = mjx_envs.missing_extra()
+    seconds, device, env_id = (0.3, "cpu", "InvertedPendulum-v5") if o.dry_run else (1.5, "cuda", "HalfCheetah-v5")
     for key in order:
         left = deadline - time.monotonic()
-        if key in runs and missing:
-            results[key] = speed.Result(runs[key].shown(1.0), f"skipped: {missing}")
+        physics, flags = "fast" if "/fast" in key else "exact", TRITON if "/triton" in key else ""
+        n = 0 if key in runs else int(key.split("/")[1])
+        what = runs[key].shown(1.0) if key in runs else f"ceiling: MJX {env_id}, {n:,} worlds, {device}, {physics}"
+        what += f", XLA_FLAGS={flags}" if flags else ""
+        if missing:
+            results[key] = speed.Result(what, f"skipped: {missing}")
         elif left < 30:  # a compilation alone takes longer
-            results[key] = speed.Result(key, SKIPPED)
+            results[key] = speed.Result(what, SKIPPED)
+        elif key in runs:
+            results[key] = speed.run_settings([runs[key]], 1.0, min(150, left - 5))[0]
         else:
-            done = speed.run_settings([runs[key]], 1.0, min(150, left - 5)) if key in runs else None
-            results[key] = done[0] if done else speed.ceiling(*ceilings[key])
-        write(o, "mjx", "--sim mjx: MJX worlds alone and PPO on them, same lease", info, results)
+            rate = functools.partial(worlds_rate, n, device, physics, seconds, env_id, flags)
+            results[key] = speed.ceiling(what, "env steps/s", rate)
+        write(o, "mjx", "--sim mjx: MJX worlds alone, exact and fast physics, PPO on them, same lease", info, results)
     return 0 if missing else part_exit(results)
 
 
@@ -254,6 +285,7 @@ def part_learn(o) -> int:
         for seed in (1, 2, 3):  # in this part's process group: its limit stops them too
             argv = [sys.executable, os.path.join(ROOT, "ppo_continuous.py")]
             argv += MJX_TINY if o.dry_run else ["--env-id", env_id, *LEARN]
+            argv += ["--physics", o.physics]
             argv += ["--seed", str(seed), "--total-timesteps", str(10**9), "--no-anneal-lr"]  # the wall time ends it
             argv += ["--checkpoint-every", "2", "--no-progress-bar"]
             folder = os.path.join(o.work, f"{env_id}-{seed}")
@@ -308,7 +340,7 @@ def part_learn(o) -> int:
     header = ["", "run", "steps", "wall s", "SPS (steps / wall s)", "eval return", "past target at step", "at s", "met"]
     note = f"each run's checkpoint evaluated on gymnasium's env ({EVAL_EPISODES} episodes, mean actions) at up to "
     note += f"{EVAL_POINTS} points; met: an evaluation passed the target within {LEARN_S} s"
-    command = shlex.join(MJX_TINY if o.dry_run else ["--env-id", "E", *LEARN])
+    command = shlex.join([*(MJX_TINY if o.dry_run else ["--env-id", "E", *LEARN]), "--physics", o.physics])
     title = f"`ppo_continuous.py {command}`, E = {', '.join(tasks)}: seeds 1, 2, 3 at once, {budget:.0f} s each"
     with open(os.path.join(o.out, "learn.md"), "w") as f:
         f.write(speed.document(title, speed.machine_info(), note, speed.md_table(header, rows)))
@@ -428,7 +460,7 @@ def cmd_run(o) -> int:
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
         "ab": [*me, "ab"],
         "mjx": [*me, "mjx"],
-        "learn": [*me, "learn", "--env-id", *o.env_id],
+        "learn": [*me, "learn", "--physics", o.physics, "--env-id", *o.env_id],
         "ceilings": [*me, "ceilings"],
         "profile": [sys.executable, "dev/profile_atari.py", *profile.split(), "--out", o.out],
     }
@@ -495,7 +527,7 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
         return [figure, shown, target, f"{ratio:.2f}", "yes" if ratio >= 1 else "no", of_env, vs_old]
 
     atari, dqn = "ppo_atari.py --compile --cudagraphs", "dqn_snake_vec.py --compile --cudagraphs, 4,096 games"
-    worlds = "ppo_continuous.py --sim mjx --preset worlds, HalfCheetah, 4,096 worlds"
+    worlds = "ppo_continuous.py --sim mjx --preset worlds --compile --cudagraphs, HalfCheetah"
     ten_k, one_m, mujoco = ">= 10,000 SPS", ">= 1,000,000 SPS", env.get("mujoco")
     beast = f">= 20,000 SPS or >= 90% of the MuJoCo ceiling ({fmt(mujoco)})"
     beast_goal = min(20_000, 0.9 * mujoco) if mujoco else 20_000  # meeting either target meets it
@@ -507,8 +539,15 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
         row(f"VecSnake, best ceiling ({best})", "", ">= 1e9", 1e9, measured=snakes.get(best), unit="env steps/s"),
         row(f"{dqn}, fused", "dqn4096/fused", one_m, 1e6, env.get("snake-fused/4096")),
         row(f"{dqn}, dense", "dqn4096/dense", one_m, 1e6, env.get("snake-dense/4096")),
-        row(f"{worlds}, eager", "mjx/worlds", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096")),
-        row(f"{worlds}, --compile --cudagraphs", "mjx/worlds-graphs", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096")),
+        row(f"{worlds}, 4,096 worlds", "mjx/worlds-graphs", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096")),
+        row(f"{worlds}, 4,096 fast worlds", "mjx/fast-graphs", ">= 300,000 SPS", 3e5, env.get("mjx-env/4096/fast")),
+        row(
+            f"{worlds}, 16,384 fast worlds",
+            "mjx/fast-graphs/16384",
+            ">= 300,000 SPS",
+            3e5,
+            env.get("mjx-env/16384/fast"),
+        ),
     ]
     if os.path.isfile(os.path.join(work, "learn.json")):  # the learn part's rows
         with open(os.path.join(work, "learn.json")) as f:
@@ -585,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--before", default=BEFORE, help="the old code's folder (prepare writes it)")
         sp.add_argument("--seconds", type=float, default=450, help="the time of all parts (of the part, for part)")
         sp.add_argument("--env-id", nargs="+", choices=[*TARGETS], default=["HalfCheetah-v5"], help="learn's tasks")
+        sp.add_argument("--physics", choices=["exact", "fast"], default="fast", help="learn's MJX worlds (#53)")
         sp.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check every command")
     o = p.parse_args(argv)
     if o.mode == "prepare":

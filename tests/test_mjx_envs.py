@@ -395,6 +395,76 @@ def test_the_physics_multiplies_in_float32_on_every_device():
     assert len(step) > 10 and {p for pair in step + reset for p in pair} == {"HIGHEST"}
 
 
+# ---------------------------------------------------------------- physics="fast"
+def test_a_physics_setting_other_than_exact_or_fast_is_one_line():
+    """Refused before JAX is imported, with the values to choose from; so is "fast" for a task without a measured
+    fast setting (it would not be what the name promises)."""
+    with pytest.raises(MJXEnvError) as bad:
+        MJXVectorEnv("Hopper-v5", 4, physics="quick")
+    assert str(bad.value) == (
+        "physics must be 'exact' (gymnasium's XML as it ships) or 'fast' (docs/mjx.md), not 'quick'"
+    )
+    with pytest.raises(MJXEnvError) as unmeasured:
+        MJXVectorEnv("Walker2d-v5", 4, physics="fast")
+    assert str(unmeasured.value) == (
+        "physics='fast' is measured for HalfCheetah-v5, Hopper-v5 and InvertedPendulum-v5 only: use 'exact' for "
+        "Walker2d-v5 (docs/mjx.md)"
+    )
+
+
+@needs_mjx
+@pytest.mark.parametrize("env_id", mjx_envs.FAST_PHYSICS)
+def test_fast_physics_sets_fewer_solver_iterations_on_the_model_and_exact_keeps_the_xmls(env_id):
+    import mujoco
+
+    xml = mujoco.MjModel.from_xml_path(str(mjx_envs.gymnasium_xml_path(TASKS[env_id]().xml_file))).opt
+    exact = MJXVectorEnv(env_id, 2, device="cpu").mj_model.opt
+    fast = MJXVectorEnv(env_id, 2, device="cpu", physics="fast").mj_model.opt
+    names = ("iterations", "ls_iterations", "disableflags", "solver", "integrator", "timestep", "jacobian")
+    assert [getattr(exact, name) for name in names] == [getattr(xml, name) for name in names]
+    assert (exact.iterations, exact.ls_iterations) == (100, 50)  # gymnasium's XMLs: MuJoCo's defaults
+    setting = mjx_envs.FAST_PHYSICS[env_id]
+    assert (fast.iterations, fast.ls_iterations) == (setting["iterations"], setting["ls_iterations"])
+    assert fast.iterations < exact.iterations
+    assert (fast.timestep, fast.integrator, fast.solver) == (xml.timestep, xml.integrator, xml.solver)
+    assert fast.disableflags == xml.disableflags | setting.get("disableflags", 0)  # flags add to the XML's
+
+
+@needs_mjx
+@safe_cpu_jaxlib
+@pytest.mark.slow
+def test_fast_physics_stays_close_to_exact_over_one_step_from_the_same_states():
+    """32 states of a Hopper rollout in gymnasium (random actions; falls included), each with the solver's warm
+    start as the rollout left it: one step of fast worlds against exact worlds and gymnasium, the same actions.
+    benchmark/mjx_fidelity.py measures it over thousands of states (docs/mjx.md)."""
+    reference = gym.make("Hopper-v5").unwrapped
+    reference.reset(seed=0)
+    rng = np.random.default_rng(0)
+    states, expected = {"qpos": [], "qvel": [], "qacc_warmstart": [], "action": []}, []
+    while len(expected) < 32:
+        for name in ("qpos", "qvel", "qacc_warmstart"):
+            states[name].append(getattr(reference.data, name).copy())
+        states["action"].append(rng.uniform(-1, 1, 3).astype(np.float32))
+        expected.append(reference.step(states["action"][-1])[:3])
+        if expected[-1][2]:
+            reference.reset(seed=len(expected))
+    batch = {name: torch.as_tensor(np.stack(values)) for name, values in states.items()}
+    results = {}
+    for physics in ("exact", "fast"):
+        env = MJXVectorEnv("Hopper-v5", 32, seed=1, device="cpu", physics=physics)
+        env.reset()
+        env.set_state(batch["qpos"], batch["qvel"], batch["qacc_warmstart"])
+        _, reward, terminated, _, info = env.step(batch["action"])
+        results[physics] = (info["final_obs"].numpy(), reward.numpy(), terminated.numpy())
+    gym_obs, gym_reward, gym_terminated = (np.array(x) for x in zip(*expected))
+    assert 0 < gym_terminated.sum() < 32  # falls were compared
+    for obs, reward, terminated in results.values():
+        np.testing.assert_allclose(obs, gym_obs, rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(reward, gym_reward, rtol=0, atol=1e-3)
+        np.testing.assert_array_equal(terminated, gym_terminated)
+    np.testing.assert_allclose(results["fast"][0], results["exact"][0], rtol=1e-3, atol=1e-3)
+
+
 # ---------------------------------------------------------------- reset noise
 @needs_mjx
 @safe_cpu_jaxlib
