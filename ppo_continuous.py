@@ -1,5 +1,4 @@
-# PPO for continuous control (Gaussian policy, MuJoCo and any Box action env), CleanRL style,
-# with GPU-heavy presets.
+# PPO for continuous control (Gaussian policy, MuJoCo, any Box action env), CleanRL style, with GPU-heavy presets.
 # Usage: python ppo_continuous.py --env-id HalfCheetah-v5      python ppo_continuous.py --preset heavy
 import collections
 import os
@@ -44,6 +43,9 @@ class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resum
     mjx_impl: Literal["jax", "warp"] = "jax"
     """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels, NVIDIA
     GPUs; the warp extra)"""
+    physics: Literal["exact", "fast"] = "exact"
+    """the MJX worlds' solver with --sim mjx: exact (gymnasium's XML settings) or fast (fewer solver iterations,
+    chosen per task by one-step errors: docs/mjx.md#fast-physics-physicsfast)"""
     subproc: bool = False
     """step the envs in subprocesses (AsyncVectorEnv, forkserver); default in-process"""
     total_timesteps: int = 1000000
@@ -96,7 +98,6 @@ PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
     "worlds": dict(num_envs=4096, num_steps=32, minibatch_size="16384", update_epochs=4, network_arch="256,256"),
 }
 LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
-SCRIPT = "ppo_continuous"  # the name in its checkpoints
 
 
 def resolve_args(args: Args) -> dict[str, str]:
@@ -149,9 +150,11 @@ def validate(args: Args, evaluating: bool) -> None:
     enough = f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} = envs x steps)"
     worlds = f"--sim mjx has {', '.join(mjx_envs.TASKS)}, not {args.env_id}; use --sim cpu for it"
     mjx_only = "--sim mjx steps every env on the device: drop --subproc and --capture-video"
+    physics = "--physics fast is for --sim mjx's worlds: add --sim mjx, or drop it"
     preset = "--preset worlds is 4,096 envs for --sim mjx: add --sim mjx, or use --preset fast, heavy or beast"
     checks = {
         preset: args.preset != "worlds" or args.sim == "mjx",  # before "enough": worlds sets the batch
+        physics: args.physics == "exact" or args.sim == "mjx",
         enough: evaluating or args.total_timesteps >= batch_size,
     }
     if args.sim == "mjx" and not evaluating:  # the extra, before the run writes anything
@@ -300,8 +303,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     given = dict(vars(args))  # as typed, before the preset and the checkpoint fill in the rest
     with run_utils.one_line_errors():
-        ckpt = run_utils.load_checkpoint(args.resume, SCRIPT, training=True) if args.resume else None
-        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, SCRIPT) if args.eval_checkpoint else None
+        ckpt = run_utils.load_checkpoint(args.resume, "ppo_continuous", training=True) if args.resume else None
+        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "ppo_continuous") if args.eval_checkpoint else None
         if eval_ckpt:  # its network, no training sizes; the seed and episodes from the command line
             args.env_id = eval_ckpt["args"]["env_id"]
             args.network_arch = eval_ckpt["args"]["network_arch"]
@@ -344,7 +347,7 @@ if __name__ == "__main__":
     with run_utils.one_line_errors():  # MJX's worlds first: a jaxlib that refuses the device writes no run
         worlds = None
         if args.sim == "mjx":
-            placed = dict(seed=args.seed, device=device, impl=args.mjx_impl)
+            placed = dict(seed=args.seed, device=device, impl=args.mjx_impl, physics=args.physics)
             worlds = mjx_envs.MJXVectorEnv(args.env_id, args.num_envs, **placed)
         run_dir = run_utils.run_folder(run_name, args.resume)
         writer = run_utils.open_logs(run_dir, args, device, start_step, ckpt and ckpt["wandb_id"])
@@ -506,11 +509,9 @@ if __name__ == "__main__":
         if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
             run_utils.save_checkpoint(
                 os.path.join(run_dir, "checkpoint.pt"),
-                script=SCRIPT,
+                script="ppo_continuous",
                 args=vars(args),
-                run_name=os.path.basename(os.path.abspath(run_dir)),
                 status="finished" if finished else "stopped" if stopping else "running",
-                wandb_id=run_utils.wandb_id(ckpt and ckpt["wandb_id"]),
                 model=agent.state_dict(),
                 optimizer=optimizer.state_dict(),
                 rng=[gpu_utils.rng_state(device)],
@@ -525,7 +526,7 @@ if __name__ == "__main__":
     if args.save_model and not diverged and iteration == num_iterations:
         model_path = os.path.join(run_dir, f"{args.exp_name}.model")
         model = dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state())  # the statistics it saw
-        if run_utils.save_checkpoint(model_path, script=SCRIPT, args=vars(args), **model):
+        if run_utils.save_checkpoint(model_path, script="ppo_continuous", args=vars(args), **model):
             print(f"model saved to {model_path}")
     pbar.close()
     envs.close()
