@@ -100,7 +100,6 @@ def training_runs(before: str) -> dict[str, speed.Setting]:
         ["ppo_continuous.py", *speed.CHEETAH, "--gpu", "true", "--preset", "beast", "--subproc"], 32768, 3
     )
     runs = {"ppo_atari/after": atari, "ppo_atari/before": atari}
-    runs["ppo_atari/after-async"] = replace(atari, args=[*atari.args, "--async-envs", "8"])
     fused, dense = (*fast, "--env-mode", "fused"), (*fast, "--env-mode", "dense")  # 7351b50: dense, no --env-mode
     runs |= {"dqn4096/fused": speed.snake(4096, 4, fused), "dqn4096/before": speed.snake(4096, 4, fast)}
     runs |= {"dqn4096/dense": speed.snake(4096, 4, dense), "beast/after": beast, "beast/before": beast}
@@ -189,7 +188,7 @@ def part_ab(o) -> int:
 
 def part_ceilings(o) -> int:
     """The envs alone, what the targets need first: VecSnake at 2^22 games (the 1e9 target), beast's 64 MuJoCo envs
-    in subprocesses, ppo_atari's 16 Atari envs (and in async batches of 8), then VecSnake at 2^20, 2^16 and 4,096
+    in subprocesses, ppo_atari's 16 Atari envs, then VecSnake at 2^20, 2^16 and 4,096
     games (dqn_snake_vec.py's target size). Dense and fused; on a CPU no fused step (its compile takes a minute)."""
     seconds, device = (0.3, "cpu") if o.dry_run else (1.5, "cuda")
     atari, mujoco = (4, 1) if o.dry_run else (16, 64)
@@ -200,10 +199,7 @@ def part_ceilings(o) -> int:
         return [(f"snake-{mode}/{n}", speed.snake_row(seconds, n, device, mode)) for n in sizes for mode in modes]
 
     measures = [*snake(big[-1:]), ("mujoco", speed.mujoco_row(seconds, mujoco, True))]
-    measures += [
-        ("atari", speed.atari_row(seconds, atari)),
-        ("atari-async", speed.atari_row(seconds, atari, atari // 2)),
-    ]
+    measures += [("atari", speed.atari_row(seconds, atari))]
     deadline, info, results = time.monotonic() + o.seconds, speed.machine_info(), {}
     for key, row in measures + snake(big[-2::-1] + small):
         if deadline - time.monotonic() < 10:
@@ -512,7 +508,7 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
     best = max(snakes, key=snakes.get, default="none")
     phase, ms = profiled_update(o.out)
 
-    def old(key: str) -> float | None:  # its group's old-code run (7351b50 has no --async-envs, only dense Snake)
+    def old(key: str) -> float | None:  # its group's old-code run (7351b50 has only dense Snake)
         return ab.get(key.split("/")[0] + "/before")
 
     def row(figure, key, target, goal, env_rate=None, measured=None, unit="SPS"):
@@ -533,7 +529,6 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
     beast_goal = min(20_000, 0.9 * mujoco) if mujoco else 20_000  # meeting either target meets it
     rows = [
         row(atari, "ppo_atari/after", ten_k, 1e4, env.get("atari")),
-        row(f"{atari} --async-envs 8", "ppo_atari/after-async", ten_k, 1e4, env.get("atari-async")),
         row(f"PPO {phase}", "", "<= 25 ms / iteration", 25, measured=ms, unit="ms / iteration"),
         row("ppo_continuous.py --preset beast --subproc", "beast/after", beast, beast_goal, mujoco),
         row(f"VecSnake, best ceiling ({best})", "", ">= 1e9", 1e9, measured=snakes.get(best), unit="env steps/s"),

@@ -84,18 +84,26 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
         assert f"| {part} | ok |" in summary, part
     rows = table_rows(summary)
     for figure in [
-        "ppo_atari.py --compile --cudagraphs --async-envs 8",
+        "ppo_atari.py --compile --cudagraphs",
         "ppo_continuous.py --preset beast --subproc",
         "PPO update (eager), 2 x 4 minibatches",
         "dqn_snake_vec.py --compile --cudagraphs, 4,096 games, fused",
     ]:
         assert rows[figure][0] != "not measured" and rows[figure][3] in ("yes", "no"), (figure, rows[figure])
     ab = (out / "ab.md").read_text()
-    for command in ["--async-envs 8 --num-steps 8", "--preset beast --subproc --num-envs 1", "--batch-size 16"]:
+    for command in [
+        "Breakout-v5 --gpu false --num-steps 8",
+        "--preset beast --subproc --num-envs 1",
+        "--batch-size 16",
+    ]:
         row = next(line for line in ab.splitlines() if command in line)
         assert row.endswith("| ok |") and " SPS |" in row, row
     ceilings = (out / "ceilings.md").read_text()
-    for what in ["VecSnake 10x10, 64 games", "HalfCheetah-v5, 1 envs, AsyncVectorEnv", "async batches of 2"]:
+    for what in [
+        "VecSnake 10x10, 64 games",
+        "HalfCheetah-v5, 1 envs, AsyncVectorEnv",
+        "AtariVectorEnv Breakout, 4 envs",
+    ]:
         assert what in ceilings, what
     assert "failed" not in ceilings
     mjx = (out / "mjx.md").read_text()  # with the mjx extra, each row measured; without it, each says what to install
@@ -114,13 +122,12 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
         "policy (eager): copy in, act, actions out",
         "rollout, one group (eager)",
         "rollout, two halves (eager)",
-        "rollout, --async-envs 1 (eager)",
         "update (eager), 2 x 4 minibatches",
     ]
     # one predicted SPS per rollout, with the update of the same path
-    pattern = r"^\| (?:one group|two halves|--async-envs 1) \(eager\) \| update \(eager\)[^|]*\| ([\d,]+) \|"
+    pattern = r"^\| (?:one group|two halves) \(eager\) \| update \(eager\)[^|]*\| ([\d,]+) \|"
     predictions = re.findall(pattern, profile_text, re.M)
-    assert len(predictions) == 3 and all(int(p.replace(",", "")) > 0 for p in predictions), profile_text
+    assert len(predictions) == 2 and all(int(p.replace(",", "")) > 0 for p in predictions), profile_text
     if mjx_envs.missing_extra():
         return
     # the learn part, a call of its own: 3 tiny seeds at once (after the mjx part, so JAX's compilation cache holds
@@ -167,9 +174,9 @@ def test_the_flag_check_parses_with_each_folders_own_script(tmp_path, monkeypatc
         "from dataclasses import dataclass\nimport gpu_utils\nassert gpu_utils.OLD\n\n\n"
         "@dataclass\nclass Args:\n    env_id: str = 'x'\n"
     )
-    run = gpu_lease.speed.Setting(["ppo_atari.py", "--async-envs", "8"], 128, 2)
+    run = gpu_lease.speed.Setting(["ppo_atari.py", "--overlap-envs"], 128, 2)
     runs = {"k/before": replace(run, args=[str(old / "ppo_atari.py"), *run.args[1:]]), "k/after": run}
-    runs["k/typo"] = replace(run, args=["ppo_atari.py", "--async-env", "8"])
+    runs["k/typo"] = replace(run, args=["ppo_atari.py", "--overlap-env"])
     monkeypatch.setattr(gpu_lease, "training_runs", lambda before: runs)
     bad = gpu_lease.check_flags(str(old))
     assert bad == [runs["k/before"].shown(1.0), runs["k/typo"].shown(1.0)]
@@ -304,7 +311,7 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
     out.mkdir()
-    ab = {"ppo_atari/before": 5000.0, "ppo_atari/after": 12000.0, "ppo_atari/after-async": None}
+    ab = {"ppo_atari/before": 5000.0, "ppo_atari/after": 12000.0}
     ab |= {"beast/before": 12000.0, "beast/after": 14000.0, "dqn4096/before": 700_000.0, "dqn4096/fused": 1.4e6}
     env = {"atari": 15000.0, "mujoco": 15000.0, "snake-dense/65536": 2e8, "snake-fused/4194304": 1.2e9}
     env |= {"snake-fused/4096": 7e6}
@@ -331,7 +338,6 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     ]
     assert rows["part"] == ["status", "seconds", "limit s"]
     assert rows["ppo_atari.py --compile --cudagraphs"] == ["12,000 SPS", ">= 10,000 SPS", "1.20", "yes", "80%", "2.40x"]
-    assert rows["ppo_atari.py --compile --cudagraphs --async-envs 8"][0] == "not measured"
     worlds = "ppo_continuous.py --sim mjx --preset worlds --compile --cudagraphs, HalfCheetah"
     assert rows[f"{worlds}, 4,096 worlds"] == ["450,000 SPS", ">= 300,000 SPS", "1.50", "yes", "30%", "-"]
     assert rows[f"{worlds}, 4,096 fast worlds"] == ["600,000 SPS", ">= 300,000 SPS", "2.00", "yes", "20%", "-"]
@@ -349,7 +355,6 @@ def test_summary_sets_each_figure_against_its_target(tmp_path):
     assert fused == ["1,400,000 SPS", ">= 1,000,000 SPS", "1.40", "yes", "20%", "2.00x"]
     assert rows["dqn_snake_vec.py --compile --cudagraphs, 4,096 games, dense"][0] == "not measured"
     assert rows["ppo_atari/after"] == ["2.40x"] and rows["dqn4096/fused"] == ["2.00x"]
-    assert "ppo_atari/after-async" not in rows  # no figure, no ratio
     assert rows["ab"] == ["ok", "200", "215"]
 
 
