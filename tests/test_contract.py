@@ -353,7 +353,7 @@ def test_a_video_ffmpeg_cannot_write_is_a_warning_and_the_run_goes_on(tmp_path, 
         raise OSError(32, "Broken pipe")
 
     monkeypatch.setattr(moviepy.ImageSequenceClip, "write_videofile", broken_pipe)
-    recorder = run_utils.VideoRecorder(str(tmp_path / "atari"), fps=15)
+    recorder = run_utils.VideoRecorder(str(tmp_path / "runs" / "atari"), start_step=0, fps=15)
     assert recorder.add(np.zeros((16, 16, 3), np.uint8), game_over=True) is None  # game 0: recorded, then written
     assert recorder.frames == [] and recorder.episode == 1
     assert "warning: video " in capsys.readouterr().err
@@ -533,7 +533,7 @@ def run_with(prefix, script, args, cwd):
 def test_track_mirrors_to_wandb_and_a_resume_continues_the_same_wandb_run(tmp_path):
     """--track (W&B offline in tests): the W&B run's id goes into the checkpoint, and --resume --track continues that
     W&B run (the same id) rather than starting another; the mirrored config holds the run's settings. One script: the
-    W&B calls are run_utils.Run's, the same for all three."""
+    W&B calls are run_utils' (open_logs, save_checkpoint), the same for all three."""
     script = "ppo_continuous"
     pytest.importorskip("wandb")
     res = run_with(at_update_prefix("sigterm", 1), script, [*TINY[script], "--track"], tmp_path)  # a mid-run stop
