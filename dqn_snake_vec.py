@@ -1,5 +1,5 @@
 # Double DQN on N Snake games that live as tensors on one device (a GPU when there is one).
-# Usage: python dqn_snake_vec.py                    python dqn_snake_vec.py --num-envs 4096 --gpu true
+# Usage: python dqn_snake_vec.py          python dqn_snake_vec.py --num-envs 4096 --gpu true
 import functools
 import itertools
 import math
@@ -21,7 +21,8 @@ from snake_env import VecSnake, snake_view
 
 
 @dataclass
-class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resume, --cudagraphs, ...)
+# RunArgs: how and where it runs (--gpu, --resume, --cudagraphs, ...)
+class Args(run_utils.RunArgs):
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/Snake<H>x<W>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
@@ -29,7 +30,8 @@ class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resum
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
     checkpoint_every: int = 10_000
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: at the end and on a stop)"""
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: at the end and on a
+    stop)"""
 
     # Algorithm specific arguments
     num_envs: int = 256
@@ -39,8 +41,8 @@ class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resum
     width: int = 10
     """board width (cells, at least 3)"""
     env_mode: Literal["auto", "dense", "sparse", "fused"] = "auto"
-    """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU default), fused
-    (dense's games, torch.compiled into a few kernels), auto"""
+    """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU
+    default), fused (dense's games, torch.compiled into a few kernels), auto"""
     total_timesteps: int = 5_000_000
     """total env steps (summed over all games); an iteration is one step of every game"""
     learning_rate: float = 5e-4
@@ -83,8 +85,9 @@ RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_mode", "log_every", "buffer_device",
 
 
 def validate(args: Args, device: torch.device | None = None) -> None:
-    """Raise ValueError with the one-line message of the first setting that cannot work; with a ``device``, also of
-    a replay memory, or an n-step ring beside it, larger than the free memory."""
+    """Raise ValueError with the one-line message of the first setting that cannot work; with a
+    ``device``, also of a replay memory, or an n-step ring beside it, larger than the free memory.
+    """
     h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
     epsilons = (args.start_e, args.end_e, args.eval_epsilon)
     frequency, fraction = args.target_network_frequency, args.exploration_fraction
@@ -114,12 +117,14 @@ def validate(args: Args, device: torch.device | None = None) -> None:
     )
     if device is None or args.eval_checkpoint:  # an evaluation makes neither
         return
-    # two uint8 observations a transition: the replay memory grows with the board's area; the n-step ring holds n
-    # transitions of every game on the training device, beside the replay memory when it is there too
+    # two uint8 observations a transition: the replay memory grows with the board's area; the n-step
+    # ring holds n transitions of every game on the training device, beside the replay memory when
+    # it is there too
     replay_device = torch.device("cpu") if args.buffer_device == "cpu" else device
     replay_gib = buffer_size * ReplayBuffer.transition_bytes((4, h, w)) / 2**30
     ring_gib = args.n_step * n * ReplayBuffer.transition_bytes((4, h, w)) / 2**30
-    free = {where: gpu_utils.free_memory(where) for where in (replay_device, device)}  # None: unknown
+    # None: unknown
+    free = {where: gpu_utils.free_memory(where) for where in (replay_device, device)}
     free_gib = {where: math.inf if free_bytes is None else free_bytes / 2**30 for where, free_bytes in free.items()}
     left_gib = free_gib[device] - (replay_gib if replay_device == device else 0)
     run_utils.check(
@@ -136,8 +141,8 @@ def validate(args: Args, device: torch.device | None = None) -> None:
 
 
 # ---------------------------------------------------------------- environment
-# snake_env.VecSnake: N Snake games as tensors on the training device that step together (the rules; the dense,
-# sparse and fused step modes), and snake_view (one game's video frame).
+# snake_env.VecSnake: N Snake games as tensors on the training device that step together (the rules;
+# the dense, sparse and fused step modes), and snake_view (one game's video frame).
 
 
 # ---------------------------------------------------------------- network
@@ -146,8 +151,10 @@ class QNetwork(nn.Module):
 
     def __init__(self, height, width, num_actions=4, planes=4, amp: bool = False):
         super().__init__()
-        self.amp = amp  # bf16 for the trunk only: Q-values (so targets, argmaxes, the loss) stay fp32
-        # head, body and food planes are 0/1; the body-order plane holds ages up to H*W: scale it to [0, 1]
+        # bf16 for the trunk only: Q-values (so targets, argmaxes, the loss) stay fp32
+        self.amp = amp
+        # head, body and food planes are 0/1; the body-order plane holds ages up to H*W: scale it to
+        # [0, 1]
         self.register_buffer("scale", torch.tensor([1.0, 1.0, 1.0, 1.0 / min(height * width, 255)]).view(1, 4, 1, 1))
         flat = 32 * ((height + 1) // 2) * ((width + 1) // 2)
         self.network = nn.Sequential(
@@ -171,17 +178,19 @@ class QNetwork(nn.Module):
 
 
 def epsilon_greedy(q_values, epsilon):
-    """The greedy action, or a uniformly random one with probability ``epsilon`` (a float or a device scalar)."""
+    """The greedy action, or a uniformly random one with probability ``epsilon`` (a float or a
+    device scalar)."""
     explore = torch.rand(q_values.shape[0], device=q_values.device) < epsilon
     return torch.where(explore, torch.randint(0, 4, explore.shape, device=q_values.device), q_values.argmax(1))
 
 
 # ---------------------------------------------------------------- algorithm
 class NStep:
-    """Ring of the last n steps of N games; once full, each push emits the n-step transition that started n-1 pushes
-    ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the true observation after that step,
-    whether it was a termination, and the bootstrap discount gamma^(steps used). The slot is a device counter and
-    every read an index: a push makes no host sync, so a CUDA graph can hold it."""
+    """Ring of the last n steps of N games; once full, each push emits the n-step transition that
+    started n-1 pushes ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the
+    true observation after that step, whether it was a termination, and the bootstrap discount
+    gamma^(steps used). The slot is a device counter and every read an index: a push makes no host
+    sync, so a CUDA graph can hold it."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, device):
         self.n = n
@@ -200,7 +209,8 @@ class NStep:
         self._games = torch.arange(num_envs, device=device)
 
     def push(self, obs, actions, rewards, next_obs, terminated, ended):
-        """Add one step (next_obs: the true observation after it); returns an n-step batch, or None while filling."""
+        """Add one step (next_obs: the true observation after it); returns an n-step batch, or None
+        while filling."""
         newest = self.slot.clone()
         for store, value in zip(self.fields, (obs, actions, rewards, next_obs, terminated, ended)):
             store.index_copy_(0, newest, value.unsqueeze(0))
@@ -208,12 +218,14 @@ class NStep:
         self.t += 1
         if self.t < self.n:
             return None
-        order = (self.slot + self._steps) % self.n  # the ring's slots from the oldest step to the newest
+        # the ring's slots from the oldest step to the newest
+        order = (self.slot + self._steps) % self.n
         rewards_k = self.rewards.index_select(0, order)
         ended_k = self.ended.index_select(0, order)
         running = (ended_k.cumsum(0) - ended_k.long()) == 0  # no episode end before step k
         ret = (running * self._discounts.unsqueeze(1) * rewards_k).sum(0)
-        # the window's last step: its first episode end, else the newest step; one gather of the observations after it
+        # the window's last step: its first episode end, else the newest step; one gather of the
+        # observations after it
         last = torch.where(ended_k.any(0), ended_k.long().argmax(0), self.n - 1)
         slot = order[last]
         first = order[:1]
@@ -224,9 +236,10 @@ class NStep:
 
 
 class ReplayBuffer:
-    """Preallocated replay memory of uint8 observations on the training device, or in pinned host memory (``device``
-    cpu) with sampled batches moved to ``target`` by non-blocking copies. The write position and the size are device
-    tensors: adding and sampling make no host sync, so a CUDA graph can hold them."""
+    """Preallocated replay memory of uint8 observations on the training device, or in pinned host
+    memory (``device`` cpu) with sampled batches moved to ``target`` by non-blocking copies. The
+    write position and the size are device tensors: adding and sampling make no host sync, so a CUDA
+    graph can hold them."""
 
     def __init__(self, capacity, obs_shape, device, target):
         self.capacity = capacity
@@ -234,7 +247,8 @@ class ReplayBuffer:
         self.target = target
         self.ptr = torch.zeros((), dtype=torch.long, device=device)  # the next row to write
         self.size = torch.zeros((), dtype=torch.long, device=device)
-        self.added = 0  # transitions added so far, on the host (exact until a CUDA graph takes over the adding)
+        # transitions added so far, on the host (exact until a CUDA graph takes over the adding)
+        self.added = 0
         self.pin = device.type == "cpu" and target.type == "cuda"
         kw = dict(device=device, pin_memory=self.pin)
         self.obs = torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw)
@@ -251,7 +265,8 @@ class ReplayBuffer:
         return 2 * int(np.prod(obs_shape)) + 8 + 4 + 4 + 1
 
     def add(self, *batch):
-        """Add a batch of (obs, actions, rewards, next_obs, terminated, discounts), wrapping around."""
+        """Add a batch of (obs, actions, rewards, next_obs, terminated, discounts), wrapping
+        around."""
         n = batch[0].shape[0]
         idx = (torch.arange(n, device=self.device) + self.ptr) % self.capacity
         for store, value in zip(self.fields, batch):
@@ -261,8 +276,8 @@ class ReplayBuffer:
         self.added += n
 
     def sample(self, batch_size, generator=None):
-        """A uniform batch (with replacement), on the training device. 62 random bits modulo the size: uniform to
-        within size / 2^62, and the size may stay on the device."""
+        """A uniform batch (with replacement), on the training device. 62 random bits modulo the
+        size: uniform to within size / 2^62, and the size may stay on the device."""
         bits = torch.randint(0, 2**62, (batch_size,), device=self.device, generator=generator)
         idx = bits % self.size
         out = [store[idx] for store in self.fields]
@@ -270,8 +285,8 @@ class ReplayBuffer:
 
 
 def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminated, discounts):
-    """Double DQN Huber loss over a (micro-)batch: the online network picks the next action, the target network
-    rates it. Returns (loss, statistics by name)."""
+    """Double DQN Huber loss over a (micro-)batch: the online network picks the next action, the
+    target network rates it. Returns (loss, statistics by name)."""
     with torch.no_grad():
         next_actions = q_network(next_obs).argmax(1, keepdim=True)
         next_q = target_network(next_obs).gather(1, next_actions).squeeze(1)
@@ -283,8 +298,8 @@ def td_loss(q_network, target_network, obs, actions, rewards, next_obs, terminat
 
 @torch.no_grad()
 def evaluate(q_network, args: Args, device):
-    """Play one game on each of --eval-episodes boards and return each board's first (return, score, final length):
-    averaging games in the order they end would favour short ones."""
+    """Play one game on each of --eval-episodes boards and return each board's first (return, score,
+    final length): averaging games in the order they end would favour short ones."""
     env = VecSnake(args.eval_episodes, args.height, args.width, device=device, seed=args.seed, mode=args.env_mode)
     obs = env.reset()
     finished = torch.zeros(env.n, dtype=torch.bool, device=env.device)
@@ -298,11 +313,13 @@ def evaluate(q_network, args: Args, device):
 
 
 def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_graph: bool):
-    """The run's device memory: besides the Q-network and Adam, the target network, the games, the n-step ring and
-    (unless on the host) the replay memory; activations of three forwards of a batch, or of acting on every game."""
+    """The run's device memory: besides the Q-network and Adam, the target network, the games, the
+    n-step ring and (unless on the host) the replay memory; activations of three forwards of a
+    batch, or of acting on every game."""
     resident = [*target_network.parameters(), *env._bufs, env.ages, nstep.obs, nstep.next_obs]
     resident += rb.fields if rb.device == rb.target else ()
-    fused = env.n * env.hw * (2 * 4 + 4) if env.mode == "fused" else 0  # a step's observations (uint8), food draw
+    # a step's observations (uint8), food draw
+    fused = env.n * env.hw * (2 * 4 + 4) if env.mode == "fused" else 0
     return gpu_utils.estimate_memory(
         q_network,
         batch_bytes=args.batch_size * ReplayBuffer.transition_bytes(nstep.obs.shape[2:]),
@@ -314,7 +331,8 @@ def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_g
 
 
 def graph_blocker(args: Args, micro_rows: int, env_mode: str, replay_on_host: bool) -> str:
-    """Why the training step cannot be one CUDA graph (each needs the host inside the step); "" when it can."""
+    """Why the training step cannot be one CUDA graph (each needs the host inside the step); "" when
+    it can."""
     blockers = {
         f"--micro-batch {micro_rows} splits the batch of {args.batch_size}": micro_rows < args.batch_size,
         "--buffer-device cpu puts the replay memory on the host": replay_on_host,
@@ -355,7 +373,8 @@ if __name__ == "__main__":
         returns, scores, lengths = evaluate(q_network, args, device)
         more = f" (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
         run_utils.end_evaluation(f"Snake{h}x{w}", returns, more)
-    cpu_share = gpu_utils.CpuShare(threads)  # registers this run among the live ones, takes its CPU share
+    # registers this run among the live ones, takes its CPU share
+    cpu_share = gpu_utils.CpuShare(threads)
     total_steps = num_iterations * n
     run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, "the games are torch ops too")
     run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps)
@@ -372,7 +391,8 @@ if __name__ == "__main__":
 
     # ---------------- env and network
     env_mode = "fused" if args.cudagraphs and args.env_mode == "auto" else args.env_mode
-    # on a GPU the fused step draws from the device's default generator, whose state a CUDA graph advances
+    # on a GPU the fused step draws from the device's default generator, whose state a CUDA graph
+    # advances
     fused_on_gpu = env_mode == "fused" and device.type == "cuda"
     generator = torch.cuda.default_generators[device.index] if fused_on_gpu else None
     env = VecSnake(n, h, w, device=device, seed=args.seed, generator=generator, mode=env_mode)
@@ -405,17 +425,20 @@ if __name__ == "__main__":
     memory = memory_estimate(q_network, target_network, env, nstep, rb, args, use_graph)
     print(memory)
     writer.add_scalar("memory/estimated_mib", memory.total / 2**20, global_step)
-    # info key -> chart of its per-episode mean; sums: games ended, the keys' sums, TD loss, mean Q, updates
+    # info key -> chart of its per-episode mean; sums: games ended, the keys' sums, TD loss, mean Q,
+    # updates
     episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
     episode_charts["length"] = "snake_length"
     sums = torch.zeros(8, device=device)
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
-    # gradient updates so far, on the host (so a graph needs frequency 1); a resumed run's from Adam's count
+    # gradient updates so far, on the host (so a graph needs frequency 1); a resumed run's from
+    # Adam's count
     past_updates = int(optimizer.state[params[0]]["step"]) if optimizer.state else 0
     update_count = itertools.count(past_updates + 1)
 
     def td_backward(*samples):
-        """The TD loss's gradients over a replay batch, added up over micro-batches of micro.rows rows."""
+        """The TD loss's gradients over a replay batch, added up over micro-batches of micro.rows
+        rows."""
         optimizer.zero_grad(set_to_none=True)
         stats = {}
         for start in range(0, args.batch_size, micro.rows):
@@ -440,7 +463,8 @@ if __name__ == "__main__":
         sums[:5].add_(episodes.sum(1))
         for _ in range(updates):
             samples = rb.sample(args.batch_size)
-            stats = gpu_utils.halve_on_oom(td_backward, micro, *samples)  # not the games' step again
+            # not the games' step again
+            stats = gpu_utils.halve_on_oom(td_backward, micro, *samples)
             nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
             one_update = torch.ones_like(stats["td_loss"])
@@ -458,12 +482,15 @@ if __name__ == "__main__":
     # ---------------- training loop: an iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
     learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
-    if learning_starts_iteration >= num_iterations:  # on purpose in tests' and speed tools' env-only runs
+    # on purpose in tests' and speed tools' env-only runs
+    if learning_starts_iteration >= num_iterations:
         late = f"{learning_starts_iteration * n:,}"
         print(f"note: learning starts at step {late}, after the run's end: it only acts")
-    exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)  # linear epsilon decay
+    # linear epsilon decay
+    exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)
     recorder = run_utils.VideoRecorder(run_dir, global_step, fps=10) if args.capture_video else None
-    video = []  # game 0's observation after each step of this log window, and whether its game ended
+    # game 0's observation after each step of this log window, and whether its game ended
+    video = []
     learning = False
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     stop = run_utils.stop_on_signals()
@@ -493,7 +520,8 @@ if __name__ == "__main__":
             diverged = not finite
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
             text = f"eps {epsilon:.2f}, return -"
-            if count:  # charts/episodes: the games the means are over, by which a report weighs windows
+            # charts/episodes: the games the means are over, by which a report weighs windows
+            if count:
                 for chart, total in zip(episode_charts.values(), episode_sums):
                     logs[f"charts/{chart}"] = total / count
                 logs["charts/episodes"] = count
@@ -503,7 +531,8 @@ if __name__ == "__main__":
                 logs |= {"losses/td_loss": loss_sum / updates, "losses/q_values": q_sum / updates}
             logs["memory/micro_batch"] = micro.rows
             sps = (iteration - last_log_iteration) * n / (time.perf_counter() - window_start)
-            if last_log_iteration > start_iteration:  # the first window is warm-up (compiling, capture)
+            # the first window is warm-up (compiling, capture)
+            if last_log_iteration > start_iteration:
                 logs["charts/SPS"] = sps
             for key, value in logs.items():
                 writer.add_scalar(key, value, global_step)
@@ -519,7 +548,8 @@ if __name__ == "__main__":
             sums.zero_()
             window_start = time.perf_counter()
             last_log_iteration = iteration
-        if diverged:  # its non-finite losses are logged above; the checkpoint keeps the last finite weights
+        # its non-finite losses are logged above; the checkpoint keeps the last finite weights
+        if diverged:
             break
         if save_now:
             run_utils.save_checkpoint(

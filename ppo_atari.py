@@ -1,5 +1,6 @@
 # PPO with the Nature DQN ConvNet on ALE v5 Atari games, CleanRL style, built to keep a GPU busy.
-# Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7   (N GPUs: torchrun --nproc-per-node N)
+# Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7 (N GPUs: torchrun
+# --nproc-per-node N)
 import collections
 import os
 import time
@@ -62,8 +63,8 @@ class Args(run_utils.RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation, in [0, 1]"""
     minibatch_size: int = 256
-    """rows per minibatch (must divide num_envs * num_steps); ignored when --num-minibatches is set
-    """
+    """rows per minibatch (must divide num_envs * num_steps); ignored when --num-minibatches is
+    set"""
     num_minibatches: int | None = None
     """the number of minibatches (CleanRL style); overrides --minibatch-size"""
     update_epochs: int = 4
@@ -170,7 +171,8 @@ class EpisodeTracker:
 
 
 def agent_view(obs: np.ndarray) -> np.ndarray:
-    """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a video."""
+    """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a
+    video."""
     return np.repeat(np.repeat(obs[-1], 2, 0), 2, 1)[..., None].repeat(3, -1)
 
 
@@ -201,7 +203,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def forward(self, x):
-        """uint8 observations (B, 4, 84, 84) -> (logits, value); the scaling to [0, 1] happens here."""
+        """uint8 observations (B, 4, 84, 84) -> (logits, value); the scaling to [0, 1] happens
+        here."""
         with torch.autocast(x.device.type, torch.bfloat16, enabled=self.amp):
             hidden = self.network(x.float() / 255.0)
         hidden = hidden.float()
@@ -393,7 +396,8 @@ if __name__ == "__main__":
     host_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
     host_obs_np = host_obs.numpy()  # the envs write their observations here
     host_rewards = torch.zeros((args.num_steps, args.num_envs), pin_memory=pin)
-    host_dones = torch.zeros((args.num_steps + 1, args.num_envs), pin_memory=pin)  # obs[t] starts a game
+    # obs[t] starts a game
+    host_dones = torch.zeros((args.num_steps + 1, args.num_envs), pin_memory=pin)
     rollout_bytes = sum(t.nbytes for t in (obs, actions, logprobs, values)) * 3 // 2
     mb_bytes = args.minibatch_size * (obs[0, 0].nbytes + 5 * 4)
     memory = gpu_utils.estimate_memory(
@@ -578,7 +582,8 @@ if __name__ == "__main__":
     pbar.close()
     for envs in env_groups:
         envs.close()
-    if distributed:  # wait for rank 0's files: gloo aborts a process that exits right after a collective
+    # wait for rank 0's files: gloo aborts a process that exits right after a collective
+    if distributed:
         dist.barrier()
         dist.destroy_process_group()
     run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)

@@ -1,4 +1,4 @@
-# PPO for continuous control (Gaussian policy, MuJoCo, any Box action env), CleanRL style, with GPU-heavy presets.
+# PPO for continuous control (Gaussian policy, MuJoCo, any Box action env), CleanRL style, GPU presets.
 # Usage: python ppo_continuous.py --env-id HalfCheetah-v5      python ppo_continuous.py --preset heavy
 import collections
 import os
@@ -21,7 +21,8 @@ import run_utils
 
 
 @dataclass
-class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resume, --cudagraphs, ...)
+# RunArgs: how and where it runs (--gpu, --resume, --cudagraphs, ...)
+class Args(run_utils.RunArgs):
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
@@ -36,16 +37,18 @@ class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resum
     env_id: str = "HalfCheetah-v5"
     """any gymnasium env id with a continuous (Box) action space"""
     preset: Literal["fast", "heavy", "beast", "worlds"] | None = None
-    """GPU-heavy settings (see PRESETS; worlds: for --sim mjx); flags you pass explicitly still win"""
+    """GPU-heavy settings (see PRESETS; worlds: for --sim mjx); flags you pass explicitly still
+    win"""
     sim: Literal["cpu", "mjx"] = "cpu"
-    """where the physics runs: cpu (gymnasium's MuJoCo envs), or mjx (all envs as one batch of worlds on
-    the device through MJX: HalfCheetah, Hopper, Walker2d and InvertedPendulum v5; pip install -e ".[mjx]")"""
+    """where the physics runs: cpu (gymnasium's MuJoCo envs), or mjx (all envs as one batch of
+    worlds on the device through MJX: HalfCheetah, Hopper, Walker2d and InvertedPendulum v5; pip
+    install -e ".[mjx]")"""
     mjx_impl: Literal["jax", "warp"] = "jax"
-    """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels, NVIDIA
-    GPUs; the warp extra)"""
+    """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels,
+    NVIDIA GPUs; the warp extra)"""
     physics: Literal["exact", "fast"] = "exact"
-    """the MJX worlds' solver with --sim mjx: exact (gymnasium's XML settings) or fast (fewer solver iterations,
-    chosen per task by one-step errors: docs/mjx.md#fast-physics-physicsfast)"""
+    """the MJX worlds' solver with --sim mjx: exact (gymnasium's XML settings) or fast (fewer solver
+    iterations, chosen per task by one-step errors: docs/mjx.md#fast-physics-physicsfast)"""
     subproc: bool = False
     """step the envs in subprocesses (AsyncVectorEnv, forkserver); default in-process"""
     total_timesteps: int = 1000000
@@ -63,14 +66,15 @@ class Args(run_utils.RunArgs):  # RunArgs: how and where it runs (--gpu, --resum
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation, in [0, 1]"""
     minibatch_size: str | None = None
-    """rows per minibatch dividing num_envs * num_steps, or auto (the largest divisor <= the preset's or
-    total/32)"""
+    """rows per minibatch dividing num_envs * num_steps, or auto (the largest divisor <= the
+    preset's or total/32)"""
     num_minibatches: int | None = None
     """the number of minibatches (default 32); an alternative to --minibatch-size"""
     update_epochs: int | None = None
     """the K epochs to update the policy (default 10; a preset sets it)"""
     network_arch: str | None = None
-    """hidden sizes of the actor and critic MLPs, comma-separated (default 64,64; a preset sets it)"""
+    """hidden sizes of the actor and critic MLPs, comma-separated (default 64,64; a preset sets
+    it)"""
     norm_adv: bool = True
     """normalize advantages per minibatch"""
     clip_coef: float = 0.2
@@ -94,15 +98,17 @@ PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
     "fast": dict(num_envs=16, num_steps=256, minibatch_size="2048", update_epochs=15, network_arch="512,512"),
     "heavy": dict(num_envs=32, num_steps=256, minibatch_size="4096", update_epochs=20, network_arch="1024,512,256"),
     "beast": dict(num_envs=64, num_steps=512, minibatch_size="8192", update_epochs=30, network_arch="1024,512,512,256"),
-    # thousands of worlds and short rollouts, as MuJoCo Playground's PPO runs them (H200: 93% of the physics' rate)
+    # thousands of worlds and short rollouts, as MuJoCo Playground's PPO runs them (H200: 93% of the
+    # physics' rate)
     "worlds": dict(num_envs=4096, num_steps=32, minibatch_size="16384", update_epochs=4, network_arch="256,256"),
 }
 LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
 
 
 def resolve_args(args: Args) -> dict[str, str]:
-    """Fill the unset (None) fields from the preset, then DEFAULTS, and the minibatch size that follows;
-    a flag passed at all (even at its default) wins. Returns where each setting came from."""
+    """Fill the unset (None) fields from the preset, then DEFAULTS, and the minibatch size that
+    follows; a flag passed at all (even at its default) wins. Returns where each setting came from.
+    """
     preset = PRESETS.get(args.preset, {})
     unset = f"preset {args.preset}" if preset else "default"  # the source of a setting not passed
     keys = ("num_envs", "num_steps", "update_epochs", "network_arch")
@@ -122,7 +128,9 @@ def resolve_args(args: Args) -> dict[str, str]:
         sources["num_minibatches"] = "default" if args.num_minibatches is None else "command line"
         sources["minibatch_size"] = "derived"
         args.minibatch_size = str(gpu_utils.choose_batch_size(total, parts=nmb))
-    else:  # an integer dividing the total, 'auto', or the preset's size (else the largest divisor below it)
+    # an integer dividing the total, 'auto', or the preset's size (else the largest divisor below
+    # it)
+    else:
         target = int(preset["minibatch_size"]) if preset else max(2, total // DEFAULTS["num_minibatches"])
         requested = "auto" if args.minibatch_size is None else args.minibatch_size
         size = gpu_utils.choose_batch_size(total, requested, target=target)
@@ -153,7 +161,8 @@ def validate(args: Args, evaluating: bool) -> None:
     physics = "--physics fast is for --sim mjx's worlds: add --sim mjx, or drop it"
     preset = "--preset worlds is 4,096 envs for --sim mjx: add --sim mjx, or use --preset fast, heavy or beast"
     checks = {
-        preset: args.preset != "worlds" or args.sim == "mjx",  # before "enough": worlds sets the batch
+        # before "enough": worlds sets the batch
+        preset: args.preset != "worlds" or args.sim == "mjx",
         physics: args.physics == "exact" or args.sim == "mjx",
         enough: evaluating or args.total_timesteps >= batch_size,
     }
@@ -177,8 +186,9 @@ def make_env(env_id, idx, capture_video=False, video_folder="", in_subprocess=Fa
     parent = os.getpid()
 
     def thunk():
-        # a worker leaves the stop signals, which reach the whole process group, to the parent: it ends
-        # its iteration, saves its checkpoint and closes the workers (AsyncVectorEnv calls one thunk here)
+        # a worker leaves the stop signals, which reach the whole process group, to the parent: it
+        # ends its iteration, saves its checkpoint and closes the workers (AsyncVectorEnv calls one
+        # thunk here)
         if in_subprocess and os.getpid() != parent:
             for sig in run_utils.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
@@ -212,7 +222,8 @@ def mlp(in_dim, hidden, out_dim, out_std):
 class Agent(nn.Module):
     def __init__(self, obs_dim, act_dim, hidden, amp: bool = False):
         super().__init__()
-        self.amp = amp  # bf16 for the hidden layers only: output layers, log-probs and values stay fp32
+        # bf16 for the hidden layers only: output layers, log-probs and values stay fp32
+        self.amp = amp
         self.critic = mlp(obs_dim, hidden, 1, out_std=1.0)
         self.actor_mean = mlp(obs_dim, hidden, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
@@ -227,7 +238,8 @@ class Agent(nn.Module):
     def forward(self, norm_obs):  # normalised observations -> (action means, values)
         return self.mean(norm_obs), self.value(norm_obs)
 
-    def mean(self, norm_obs):  # the rollout and the loss both use it: the same precision in the ratio
+    # the rollout and the loss both use it: the same precision in the ratio
+    def mean(self, norm_obs):
         return self.run(self.actor_mean, norm_obs)
 
     def value(self, norm_obs):
@@ -236,7 +248,8 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------- algorithm
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns (advantages, returns)."""
+    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns
+    (advantages, returns)."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
     advantages = torch.zeros_like(rewards)
@@ -253,7 +266,8 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
     logstd = agent.actor_logstd
     z = (actions - agent.mean(obs)) * torch.exp(-logstd)
     newlogprob = (-0.5 * z.pow(2) - logstd).sum(1) - LOG_2PI_HALF * actions.shape[1]
-    entropy = (logstd + 0.5 + LOG_2PI_HALF).sum()  # state-independent std: the same for every sample
+    # state-independent std: the same for every sample
+    entropy = (logstd + 0.5 + LOG_2PI_HALF).sum()
     newvalue = agent.value(obs)
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
@@ -271,7 +285,8 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
             "old_approx_kl": (-logratio).mean(),
             "approx_kl": ((ratio - 1) - logratio).mean(),
             "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
-            "ratio_mse": ((ratio - 1) ** 2).mean(),  # the first minibatch's must be 0: rollout and loss agree
+            # the first minibatch's must be 0: rollout and loss agree
+            "ratio_mse": ((ratio - 1) ** 2).mean(),
         }
     return pg_loss - args.ent_coef * entropy + v_loss * args.vf_coef, stats
 
@@ -279,8 +294,9 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
 # ---------------------------------------------------------------- checkpoint and evaluation
 @torch.no_grad()
 def evaluate(ckpt: dict, hidden: list[int], args: Args) -> np.ndarray:
-    """Play one episode in each of --eval-episodes envs with the mean actions of the checkpoint's policy;
-    each env's first return (averaging episodes in the order they end would favour short ones)."""
+    """Play one episode in each of --eval-episodes envs with the mean actions of the checkpoint's
+    policy; each env's first return (averaging episodes in the order they end would favour short
+    ones)."""
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i) for i in range(args.eval_episodes)])
     agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden)
     run_utils.load_states({"model": agent}, ckpt, args.eval_checkpoint)
@@ -327,7 +343,8 @@ if __name__ == "__main__":
 
     # ---------------- device, threads, seeds
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
-    # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: one each
+    # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: one
+    # each
     torch_threads = 1 if small and device.type == "cpu" and not args.num_threads else threads.threads
     gpu_utils.limit_threads(1 if args.subproc else torch_threads)
     torch.set_num_threads(torch_threads)
@@ -344,7 +361,8 @@ if __name__ == "__main__":
     # ---------------- logging
     start_step = ckpt["global_step"] if ckpt else 0
     run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
-    with run_utils.one_line_errors():  # MJX's worlds first: a jaxlib that refuses the device writes no run
+    # MJX's worlds first: a jaxlib that refuses the device writes no run
+    with run_utils.one_line_errors():
         worlds = None
         if args.sim == "mjx":
             placed = dict(seed=args.seed, device=device, impl=args.mjx_impl, physics=args.physics)
@@ -365,7 +383,8 @@ if __name__ == "__main__":
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: the clipping runs every minibatch
     learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
-    use_graph = args.cudagraphs and micro.rows >= minibatch_size  # a graph cannot hold a split minibatch
+    # a graph cannot hold a split minibatch
+    use_graph = args.cudagraphs and micro.rows >= minibatch_size
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
@@ -384,7 +403,8 @@ if __name__ == "__main__":
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     dones = torch.zeros_like(rewards)
-    # the update's inputs keep their addresses from one iteration to the next (a captured graph reads them)
+    # the update's inputs keep their addresses from one iteration to the next (a captured graph
+    # reads them)
     logprobs = torch.zeros_like(rewards)
     values = torch.zeros_like(rewards)
     advantages = torch.zeros_like(rewards)
@@ -408,14 +428,15 @@ if __name__ == "__main__":
     writer.add_scalar("memory/estimated_mib", memory.total / 2**20, start_step)
 
     def update_step(mb_inds):
-        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward, clipping,
-        Adam. No host sync, so that --cudagraphs captures it as one CUDA graph."""
+        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward,
+        clipping, Adam. No host sync, so that --cudagraphs captures it as one CUDA graph."""
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
         stats = {}
-        for start in range(0, len(mb_inds), micro.rows):  # their gradients add up to the minibatch's
+        # their gradients add up to the minibatch's
+        for start in range(0, len(mb_inds), micro.rows):
             mb = mb_inds[start : start + micro.rows]
             mb_adv = mb_advantages[start : start + micro.rows]
             loss, mb_stats = loss_fn(
@@ -478,11 +499,13 @@ if __name__ == "__main__":
                 stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
                 torch._foreach_add_(list(stats.values()), list(mb_stats.values()))
             stats = {name: total / args.num_minibatches for name, total in stats.items()}
-            if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:  # a sync an epoch
+            # a sync an epoch
+            if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
                 break
 
         # ---------------- logging: one pull of scalars to the host per iteration
-        del stats["ratio_mse"]  # its mean over the minibatches is not logged: the first minibatch's RMS is
+        # its mean over the minibatches is not logged: the first minibatch's RMS is
+        del stats["ratio_mse"]
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
         stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
         # whether the weights are finite rides along, checked before a checkpoint could save them
@@ -502,7 +525,8 @@ if __name__ == "__main__":
         run_utils.log_machine(writer, global_step, cpu_share, monitor)
         score_text = f"return {np.mean(recent_returns):.1f}" if recent_returns else "return -"
         run_utils.show_progress(pbar, global_step, sps, score_text, f"iteration {iteration}/{num_iterations}")
-        if diverged:  # its losses are logged above; the checkpoint on disk keeps the last finite weights
+        # its losses are logged above; the checkpoint on disk keeps the last finite weights
+        if diverged:
             break
         stopping = bool(stop)
         finished = iteration == num_iterations
@@ -525,7 +549,8 @@ if __name__ == "__main__":
     # ---------------- end of the run
     if args.save_model and not diverged and iteration == num_iterations:
         model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-        model = dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state())  # the statistics it saw
+        # the statistics it saw
+        model = dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state())
         if run_utils.save_checkpoint(model_path, script="ppo_continuous", args=vars(args), **model):
             print(f"model saved to {model_path}")
     pbar.close()
