@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.optim as optim
 import tyro
 from tqdm import tqdm
 
@@ -30,22 +31,18 @@ class Args(run_utils.RunArgs):
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
     checkpoint_every: int = 50
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: only at the end and on a
-    stopping signal)"""
+    """write runs/<run_name>/checkpoint.pt every this many iterations (0: at the end or a stop)"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v5"
     """any gymnasium env id with a continuous (Box) action space"""
     preset: Literal["fast", "heavy", "beast", "worlds"] | None = None
-    """GPU-heavy settings (see PRESETS; worlds: for --sim mjx); flags you pass explicitly still
-    win"""
+    """GPU-heavy settings (see PRESETS; worlds: for --sim mjx); flags you pass still win"""
     sim: Literal["cpu", "mjx"] = "cpu"
-    """where the physics runs: cpu (gymnasium's MuJoCo envs), or mjx (all envs as one batch of
-    worlds on the device through MJX: HalfCheetah, Hopper, Walker2d and InvertedPendulum v5; pip
-    install -e ".[mjx]")"""
+    """where the physics runs: cpu (gymnasium's MuJoCo envs) or mjx (the envs as one batch of worlds
+    on the device: HalfCheetah, Hopper, Walker2d, InvertedPendulum v5; pip install -e ".[mjx]")"""
     mjx_impl: Literal["jax", "warp"] = "jax"
-    """MJX's implementation with --sim mjx: jax (any JAX device) or warp (MuJoCo Warp kernels,
-    NVIDIA GPUs; the warp extra)"""
+    """MJX's backend with --sim mjx: jax (any JAX device) or warp (NVIDIA GPUs; the warp extra)"""
     physics: Literal["exact", "fast"] = "exact"
     """the MJX worlds' solver with --sim mjx: exact (gymnasium's XML settings) or fast (fewer solver
     iterations, chosen per task by one-step errors: docs/mjx.md#fast-physics-physicsfast)"""
@@ -66,15 +63,13 @@ class Args(run_utils.RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation, in [0, 1]"""
     minibatch_size: str | None = None
-    """rows per minibatch dividing num_envs * num_steps, or auto (the largest divisor <= the
-    preset's or total/32)"""
+    """rows per minibatch dividing envs x steps, or auto (largest <= the preset's or total/32)"""
     num_minibatches: int | None = None
     """the number of minibatches (default 32); an alternative to --minibatch-size"""
     update_epochs: int | None = None
     """the K epochs to update the policy (default 10; a preset sets it)"""
     network_arch: str | None = None
-    """hidden sizes of the actor and critic MLPs, comma-separated (default 64,64; a preset sets
-    it)"""
+    """the actor's and critic's hidden sizes, comma-separated (default 64,64; a preset sets it)"""
     norm_adv: bool = True
     """normalize advantages per minibatch"""
     clip_coef: float = 0.2
@@ -98,8 +93,7 @@ PRESETS = {  # envs, steps per env, minibatch size, epochs, hidden sizes
     "fast": dict(num_envs=16, num_steps=256, minibatch_size="2048", update_epochs=15, network_arch="512,512"),
     "heavy": dict(num_envs=32, num_steps=256, minibatch_size="4096", update_epochs=20, network_arch="1024,512,256"),
     "beast": dict(num_envs=64, num_steps=512, minibatch_size="8192", update_epochs=30, network_arch="1024,512,512,256"),
-    # thousands of worlds and short rollouts, as MuJoCo Playground's PPO runs them (H200: 93% of the
-    # physics' rate)
+    # many worlds, short rollouts: as MuJoCo Playground's PPO runs them (H200: 93% of physics' rate)
     "worlds": dict(num_envs=4096, num_steps=32, minibatch_size="16384", update_epochs=4, network_arch="256,256"),
 }
 LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
@@ -107,35 +101,32 @@ LOG_2PI_HALF = float(0.5 * np.log(2 * np.pi))
 
 def resolve_args(args: Args) -> dict[str, str]:
     """Fill the unset (None) fields from the preset, then DEFAULTS, and the minibatch size that
-    follows; a flag passed at all (even at its default) wins. Returns where each setting came from.
-    """
+    follows; a flag passed at all (even at its default) wins. Returns each setting's source."""
     preset = PRESETS.get(args.preset, {})
     unset = f"preset {args.preset}" if preset else "default"  # the source of a setting not passed
     keys = ("num_envs", "num_steps", "update_epochs", "network_arch")
-    sources = {key: unset if getattr(args, key) is None else "command line" for key in keys}
-    vars(args).update({key: preset.get(key, DEFAULTS[key]) for key in keys if getattr(args, key) is None})
+    not_passed = [key for key in keys if getattr(args, key) is None]
+    sources = {key: unset if key in not_passed else "command line" for key in keys}
+    vars(args).update({key: preset.get(key, DEFAULTS[key]) for key in not_passed})
     counts = (args.num_envs, args.num_steps, args.update_epochs)
-    sized = args.minibatch_size is not None
-    run_utils.check(
-        {
-            f"--num-envs, --num-steps and --update-epochs must be at least 1, got {counts}": min(counts) >= 1,
-            "pass either --minibatch-size or --num-minibatches, not both": args.num_minibatches is None or not sized,
-        }
-    )
+    positive = f"--num-envs, --num-steps and --update-epochs must be at least 1, got {counts}"
+    not_both = "pass either --minibatch-size or --num-minibatches, not both"
+    both = args.num_minibatches is not None and args.minibatch_size is not None
+    run_utils.check({positive: min(counts) >= 1, not_both: not both})
     total = args.num_envs * args.num_steps
     if args.num_minibatches is not None or (args.minibatch_size is None and not preset):
         nmb = DEFAULTS["num_minibatches"] if args.num_minibatches is None else args.num_minibatches
         sources["num_minibatches"] = "default" if args.num_minibatches is None else "command line"
         sources["minibatch_size"] = "derived"
         args.minibatch_size = str(gpu_utils.choose_batch_size(total, parts=nmb))
-    # an integer dividing the total, 'auto', or the preset's size (else the largest divisor below
-    # it)
     else:
-        target = int(preset["minibatch_size"]) if preset else max(2, total // DEFAULTS["num_minibatches"])
+        # a size dividing the total, 'auto', or the preset's (else the largest divisor below it)
+        default_size = max(2, total // DEFAULTS["num_minibatches"])
+        target = int(preset["minibatch_size"]) if preset else default_size
         requested = "auto" if args.minibatch_size is None else args.minibatch_size
         size = gpu_utils.choose_batch_size(total, requested, target=target)
         if args.minibatch_size is None:
-            sources["minibatch_size"] = f"preset {args.preset}" + ("" if size == target else ", auto")
+            sources["minibatch_size"] = unset + ("" if size == target else ", auto")
         elif requested.strip().lower() == "auto":
             sources["minibatch_size"] = f"auto, <= {target}"
         else:
@@ -151,15 +142,15 @@ def validate(args: Args, evaluating: bool) -> None:
     hidden_sizes(args.network_arch)
     video = args.capture_video and args.sim == "cpu" and not evaluating
     act_space = continuous_envs.action_space(args.env_id, video=video)
-    if not isinstance(act_space, gym.spaces.Box):
-        kind = type(act_space).__name__
-        raise ValueError(f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1")
+    kind = type(act_space).__name__
+    box = f"{args.env_id} has a {kind} action space; use a continuous (Box) one, e.g. Pendulum-v1"
+    run_utils.check({box: isinstance(act_space, gym.spaces.Box)})
     batch_size = args.num_envs * args.num_steps
     enough = f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} = envs x steps)"
     worlds = f"--sim mjx has {', '.join(mjx_envs.TASKS)}, not {args.env_id}; use --sim cpu for it"
     mjx_only = "--sim mjx steps every env on the device: drop --subproc and --capture-video"
     physics = "--physics fast is for --sim mjx's worlds: add --sim mjx, or drop it"
-    preset = "--preset worlds is 4,096 envs for --sim mjx: add --sim mjx, or use --preset fast, heavy or beast"
+    preset = "--preset worlds is 4,096 envs for --sim mjx: add --sim mjx, or use another preset"
     checks = {
         # before "enough": worlds sets the batch
         preset: args.preset != "worlds" or args.sim == "mjx",
@@ -168,15 +159,16 @@ def validate(args: Args, evaluating: bool) -> None:
     }
     if args.sim == "mjx" and not evaluating:  # the extra, before the run writes anything
         extra = mjx_envs.missing_extra(args.mjx_impl)
-        checks |= {worlds: args.env_id in mjx_envs.TASKS, mjx_only: not (args.subproc or args.capture_video)}
-        checks |= {f"--sim mjx: {extra}": not extra}
+        checks[worlds] = args.env_id in mjx_envs.TASKS
+        checks[mjx_only] = not (args.subproc or args.capture_video)
+        checks[f"--sim mjx: {extra}"] = not extra
     run_utils.check(run_utils.shared_checks(args, one_process=True) | checks)
 
 
 def hidden_sizes(arch: str) -> list[int]:
     sizes = [int(s) if s.strip().isdecimal() else 0 for s in arch.split(",") if s.strip()]
     if not sizes or min(sizes) < 1:
-        raise ValueError(f"--network-arch {arch!r} must be comma-separated positive sizes, e.g. 64,64")
+        raise ValueError(f"--network-arch {arch!r}: use comma-separated positive sizes, e.g. 64,64")
     return sizes
 
 
@@ -186,9 +178,8 @@ def make_env(env_id, idx, capture_video=False, video_folder="", in_subprocess=Fa
     parent = os.getpid()
 
     def thunk():
-        # a worker leaves the stop signals, which reach the whole process group, to the parent: it
-        # ends its iteration, saves its checkpoint and closes the workers (AsyncVectorEnv calls one
-        # thunk here)
+        # a worker leaves the stop signals (sent to the process group) to the parent: it ends its
+        # iteration, saves its checkpoint, closes the workers (AsyncVectorEnv calls one thunk here)
         if in_subprocess and os.getpid() != parent:
             for sig in run_utils.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
@@ -248,20 +239,19 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------- algorithm
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns
-    (advantages, returns)."""
+    """GAE over a (T, N) rollout (dones[t] = 1: obs[t] starts an episode): (advantages, returns)"""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        advantages[t] = lastgaelam
     return advantages, advantages + values
 
 
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: Args):
-    """Clipped PPO loss over a (micro-)batch whose advantages are already normalised. Returns (loss,
-    statistics by name), each a mean over the rows."""
+    """Clipped PPO loss of a (micro-)batch, advantages normalised: (loss, {name: mean over rows})"""
     clip_coef = args.clip_coef
     logstd = agent.actor_logstd
     z = (actions - agent.mean(obs)) * torch.exp(-logstd)
@@ -271,7 +261,8 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
     newvalue = agent.value(obs)
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
     if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -294,11 +285,11 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
 # ---------------------------------------------------------------- checkpoint and evaluation
 @torch.no_grad()
 def evaluate(ckpt: dict, hidden: list[int], args: Args) -> np.ndarray:
-    """Play one episode in each of --eval-episodes envs with the mean actions of the checkpoint's
-    policy; each env's first return (averaging episodes in the order they end would favour short
-    ones)."""
+    """Each env's first return, playing the checkpoint's mean actions in --eval-episodes envs
+    (averaging episodes in the order they end would favour short ones)."""
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i) for i in range(args.eval_episodes)])
-    agent = Agent(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], hidden)
+    action_space = envs.single_action_space
+    agent = Agent(envs.single_observation_space.shape[0], action_space.shape[0], hidden)
     run_utils.load_states({"model": agent}, ckpt, args.eval_checkpoint)
     obs_rms = continuous_envs.RunningMeanStd(state=ckpt["obs_rms"])
     obs, _ = envs.reset(seed=args.seed)
@@ -306,7 +297,7 @@ def evaluate(ckpt: dict, hidden: list[int], args: Args) -> np.ndarray:
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
         actions = agent.mean(torch.as_tensor(obs_rms.normalize(obs, False), dtype=torch.float32))
-        actions = np.clip(actions.numpy(), envs.single_action_space.low, envs.single_action_space.high)
+        actions = np.clip(actions.numpy(), action_space.low, action_space.high)
         obs, reward, terminated, truncated, _ = envs.step(actions)
         returns += reward * ~finished
         finished |= terminated | truncated
@@ -324,7 +315,8 @@ if __name__ == "__main__":
         if eval_ckpt:  # its network, no training sizes; the seed and episodes from the command line
             args.env_id = eval_ckpt["args"]["env_id"]
             args.network_arch = eval_ckpt["args"]["network_arch"]
-            args.preset = args.num_envs = args.num_steps = args.minibatch_size = args.num_minibatches = None
+            for key in ("preset", "num_envs", "num_steps", "minibatch_size", "num_minibatches"):
+                setattr(args, key, None)
         if ckpt:  # the run's settings; how and where it runs comes from the command line
             run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
         sources = {} if ckpt else resolve_args(args)
@@ -336,16 +328,16 @@ if __name__ == "__main__":
         num_iterations = args.total_timesteps // batch_size
         # a small MLP runs faster on the CPU: a host<->device round trip per env step costs more
         small = max(hidden) < 256 and args.preset is None and args.sim == "cpu"
-        why = f"network {args.network_arch} is small (< 256 units), CPU is faster; --gpu true forces GPU"
+        why = f"network {args.network_arch} is small (< 256 units), so CPU; --gpu true forces GPU"
         device, device_why = run_utils.select_device(args, prefer_cpu=why if small else "")
         threads = gpu_utils.thread_budget(args.num_threads)
     run_utils.exit_if_done(ckpt, num_iterations, args.resume)
 
     # ---------------- device, threads, seeds
     tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
-    # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: one
-    # each
-    torch_threads = 1 if small and device.type == "cpu" and not args.num_threads else threads.threads
+    # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: 1
+    one_thread = small and device.type == "cpu" and not args.num_threads
+    torch_threads = 1 if one_thread else threads.threads
     gpu_utils.limit_threads(1 if args.subproc else torch_threads)
     torch.set_num_threads(torch_threads)
     run_utils.seed(args.seed)
@@ -372,7 +364,7 @@ if __name__ == "__main__":
     pbar = tqdm(total=total_steps, initial=start_step, disable=not args.progress_bar, unit_scale=True)
     monitor = gpu_utils.GPUMonitor(device).start()
 
-    # ---------------- env and network: clipping, normalisation, the time-limit bootstrap in continuous_envs
+    # ---------------- env and network (continuous_envs clips, normalises, bootstraps time limits)
     if worlds is not None:  # every env a world of one batch on the device
         envs = continuous_envs.DeviceEnvs(worlds, args.gamma, device, ckpt)
     else:
@@ -383,9 +375,8 @@ if __name__ == "__main__":
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: the clipping runs every minibatch
     learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
-    # a graph cannot hold a split minibatch
-    use_graph = args.cudagraphs and micro.rows >= minibatch_size
-    optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
+    use_graph = args.cudagraphs and micro.rows >= minibatch_size  # a graph holds no split minibatch
+    optimizer = optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
@@ -403,8 +394,7 @@ if __name__ == "__main__":
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     dones = torch.zeros_like(rewards)
-    # the update's inputs keep their addresses from one iteration to the next (a captured graph
-    # reads them)
+    # the update's inputs keep their addresses across iterations: a captured graph reads them
     logprobs = torch.zeros_like(rewards)
     values = torch.zeros_like(rewards)
     advantages = torch.zeros_like(rewards)
@@ -428,8 +418,8 @@ if __name__ == "__main__":
     writer.add_scalar("memory/estimated_mib", memory.total / 2**20, start_step)
 
     def update_step(mb_inds):
-        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward,
-        clipping, Adam. No host sync, so that --cudagraphs captures it as one CUDA graph."""
+        """One minibatch step (micro-batches' losses, backward, clipping, Adam) without a host sync,
+        so that --cudagraphs captures it as one CUDA graph."""
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
@@ -451,10 +441,9 @@ if __name__ == "__main__":
 
     update_step = gpu_utils.CudaGraph(update_step, enabled=use_graph, name="update")
     if args.cudagraphs:
+        graph = "one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
         split = f"eager (--micro-batch {micro.rows} splits the minibatch)"
-        print(
-            f"update: {'one CUDA graph per minibatch step (forward, backward, clipping, Adam)' if use_graph else split}"
-        )
+        print(f"update: {graph if use_graph else split}")
 
     # ---------------- training loop
     next_obs = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)
@@ -465,9 +454,8 @@ if __name__ == "__main__":
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, num_iterations + 1):
         iteration_start = time.perf_counter()
-        lr_now = args.learning_rate
-        if args.anneal_lr:
-            lr_now = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+        frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
+        lr_now = frac * args.learning_rate
         learning_rate.fill_(lr_now)
         noise = torch.randn((args.num_steps, args.num_envs, act_dim), device=device)
         with torch.no_grad():
@@ -482,7 +470,8 @@ if __name__ == "__main__":
             # ---------------- advantages: values and log-probs in one batched pass each
             b_values.copy_(agent.value(b_obs))
             next_value = agent.value(next_obs)
-            logprobs.copy_((-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1) - LOG_2PI_HALF * act_dim)
+            log_density = (-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1)
+            logprobs.copy_(log_density - LOG_2PI_HALF * act_dim)
             gae = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             advantages.copy_(gae[0])
             returns.copy_(gae[1])
@@ -507,7 +496,8 @@ if __name__ == "__main__":
         # its mean over the minibatches is not logged: the first minibatch's RMS is
         del stats["ratio_mse"]
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
-        stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
+        explained_var = 1 - (returns - values).var() / returns.var()
+        stats["explained_variance"] = explained_var.nan_to_num(0.0, neginf=0.0)
         # whether the weights are finite rides along, checked before a checkpoint could save them
         *losses, finite = torch.stack([*stats.values(), run_utils.weights_finite(params)]).tolist()
         diverged = not finite
@@ -524,13 +514,15 @@ if __name__ == "__main__":
             writer.add_scalar("charts/SPS", sps, global_step)
         run_utils.log_machine(writer, global_step, cpu_share, monitor)
         score_text = f"return {np.mean(recent_returns):.1f}" if recent_returns else "return -"
-        run_utils.show_progress(pbar, global_step, sps, score_text, f"iteration {iteration}/{num_iterations}")
+        progress_line = f"iteration {iteration}/{num_iterations}"
+        run_utils.show_progress(pbar, global_step, sps, score_text, progress_line)
         # its losses are logged above; the checkpoint on disk keeps the last finite weights
         if diverged:
             break
         stopping = bool(stop)
         finished = iteration == num_iterations
-        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
+        scheduled = args.checkpoint_every and iteration % args.checkpoint_every == 0
+        if scheduled or stopping or finished:
             run_utils.save_checkpoint(
                 os.path.join(run_dir, "checkpoint.pt"),
                 script="ppo_continuous",
