@@ -1,6 +1,5 @@
 # PPO with the Nature DQN ConvNet on ALE v5 Atari games, CleanRL style, built to keep a GPU busy.
-# Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7 (N GPUs: torchrun
-# --nproc-per-node N)
+# Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7 (N GPUs: torchrun --nproc-per-node N)
 import collections
 import os
 import time
@@ -27,8 +26,7 @@ class Args(run_utils.RunArgs):
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (runs/<env>__<exp_name>__<seed>__<unix time>)"""
     seed: int = 1
-    """seed of the experiment, 0 to 2**30 - 1 (process rank r under torchrun uses seed + r for
-    sampling)"""
+    """seed of the experiment, 0 to 2**30 - 1 (rank r under torchrun samples with seed + r)"""
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
 
@@ -36,20 +34,15 @@ class Args(run_utils.RunArgs):
     env_id: str = "ALE/Breakout-v5"
     """any ALE/<Game>-v5 id"""
     env_threads: int = 0
-    """threads stepping the ale envs (0: the run's CPU threads, at most one per env), split between
-    the halves"""
+    """threads stepping the envs (0: the run's CPU threads; at most one per env), split in halves"""
     overlap_envs: bool = True
-    """step the envs in two halves, so that one half's envs play while the policy acts on the other
-    half's"""
+    """step the envs in two halves: one half's envs play while the policy acts on the other's"""
     max_episode_frames: int = 108_000
-    """emulator frames after which a game is cut short (truncated, not over); v5's 108,000 is 30
-    minutes"""
+    """emulator frames after which a game is truncated (not over); v5's 108,000 is 30 minutes"""
     channels_last: bool = True
-    """keep conv weights and stored observations channels-last (NHWC), which oneDNN (CPU) and cuDNN
-    run faster"""
+    """conv weights and stored observations channels-last (NHWC), faster in oneDNN and cuDNN"""
     total_timesteps: int = 10_000_000
-    """total agent steps over all envs and processes; one agent step is 4 emulator frames (frameskip
-    4)"""
+    """total agent steps over all envs and processes; an agent step is 4 frames (frameskip 4)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 16
@@ -63,8 +56,7 @@ class Args(run_utils.RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation, in [0, 1]"""
     minibatch_size: int = 256
-    """rows per minibatch (must divide num_envs * num_steps); ignored when --num-minibatches is
-    set"""
+    """rows per minibatch, dividing num_envs * num_steps; ignored when --num-minibatches is set"""
     num_minibatches: int | None = None
     """the number of minibatches (CleanRL style); overrides --minibatch-size"""
     update_epochs: int = 4
@@ -91,19 +83,17 @@ RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_threads", "channels_last", "overlap_
 
 def validate(args: Args, world_size: int) -> None:
     """Raise ValueError with the one-line message of the first setting that cannot work; for
-    training, fill in the minibatch size and count per process (--num-minibatches, when given, wins:
-    CleanRL's way to size them)."""
-    hint = "import ale_py, gymnasium as g; print([e for e in g.envs.registry if e.startswith('ALE/')])"
+    training, fill in the minibatch size and count per process (--num-minibatches wins)."""
+    env_id = args.env_id
+    hint = "import ale_py, gymnasium as g; print([e for e in g.registry if e.startswith('ALE/')])"
+    unknown = f'unknown env id {env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"'
+    ale_v5 = env_id in gym.envs.registry and env_id[:4] == "ALE/" and env_id[-3:] == "-v5"
     sizes = [args.num_envs, args.num_steps, args.update_epochs, args.max_episode_frames]
     run_utils.check(
         {
-            f'unknown env id {args.env_id!r}, not ALE/<Game>-v5; list valid ids: python -c "{hint}"': (
-                args.env_id in gym.envs.registry and args.env_id[:4] == "ALE/" and args.env_id[-3:] == "-v5"
-            ),
+            unknown: ale_v5,
             f"--seed must be from 0 to 2**30 - 1, got {args.seed}": 0 <= args.seed < 2**30,
-            f"--env-threads must be at least 0 (0: the run's CPU threads), got {args.env_threads}": (
-                args.env_threads >= 0
-            ),
+            f"--env-threads must be at least 0, got {args.env_threads}": args.env_threads >= 0,
             "--num-envs, --num-steps, --update-epochs and --max-episode-frames must be at least 1": min(sizes) >= 1,
         }
     )
@@ -119,11 +109,8 @@ def validate(args: Args, world_size: int) -> None:
 
 # ---------------------------------------------------------------- environment
 def make_envs(env_id: str, num_envs: int, threads: int, max_frames: int):
-    """ale-py's C++ vector env stepped by threads, with ALE v5's settings: sticky actions 0.25, the
-    minimal action set, frameskip 4 with a max-pool, 84x84 grayscale, a stack of 4 frames, 0 to 29
-    no-op frames and FIRE at a reset. Raw rewards and game-over terminals (EpisodeTracker makes what
-    PPO learns from); SameStep autoreset: the last observation of a finished game is in
-    info["final_obs"]."""
+    """ALE v5's settings in ale-py's threaded C++ vector env. Raw rewards and game-over terminals
+    (EpisodeTracker makes PPO's); SameStep autoreset: a game's last obs is in info["final_obs"]."""
     return ale_py.AtariVectorEnv(
         gym.spec(env_id).kwargs["game"],
         num_envs,
@@ -149,8 +136,7 @@ def make_envs(env_id: str, num_envs: int, threads: int, max_frames: int):
 class EpisodeTracker:
     """Full-game accounting, as CleanRL's EpisodicLifeEnv, ClipRewardEnv and RecordEpisodeStatistics
     do one env at a time. ``step`` returns rewards clipped to [-1, 1], the learning dones (a lost
-    life is one), which games ended (terminated or truncated), and every env's raw score over all
-    lives and length in agent steps so far."""
+    life is one), which games ended, and each env's raw score over all lives and length so far."""
 
     def __init__(self, num_envs: int, lives: np.ndarray):
         self.returns = np.zeros(num_envs, dtype=np.float64)
@@ -171,8 +157,7 @@ class EpisodeTracker:
 
 
 def agent_view(obs: np.ndarray) -> np.ndarray:
-    """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB for a
-    video."""
+    """The last frame of one env's stack as the agent sees it, doubled to 168x168 RGB (video)."""
     return np.repeat(np.repeat(obs[-1], 2, 0), 2, 1)[..., None].repeat(3, -1)
 
 
@@ -203,24 +188,23 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def forward(self, x):
-        """uint8 observations (B, 4, 84, 84) -> (logits, value); the scaling to [0, 1] happens
-        here."""
+        """uint8 observations (B, 4, 84, 84) -> (logits, value), scaled to [0, 1] here."""
         with torch.autocast(x.device.type, torch.bfloat16, enabled=self.amp):
             hidden = self.network(x.float() / 255.0)
         hidden = hidden.float()
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
 
-# ---------------------------------------------------------------- algorithm: GAE, the loss, the time-limit bootstrap
+# ---------------------------------------------------------------- algorithm
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a (T, N) rollout; dones[t] = 1 when obs[t] starts a new episode. Returns
-    (advantages, returns)."""
+    """GAE of a (T, N) rollout (dones[t] = 1: obs[t] starts an episode) -> (advantages, returns)"""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
+    discounts = gamma * gae_lambda * nextnonterminal
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        advantages[t] = lastgaelam = deltas[t] + discounts[t] * lastgaelam
     return advantages, advantages + values
 
 
@@ -233,7 +217,8 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
     entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
     logratio = logp_all.gather(-1, actions[:, None]).squeeze(-1) - logprobs
     ratio = logratio.exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
     if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -255,25 +240,25 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
 
 @torch.no_grad()
 def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
-    """V(last observation) of each game that the frame cap cut short (0 elsewhere): its reward
-    bootstraps from it."""
+    """V(last obs) of each game the frame cap cut short (0 elsewhere): its reward bootstraps."""
     cut = np.flatnonzero(np.logical_and(truncated, np.logical_not(terminated)))
     values = np.zeros(len(truncated), dtype=np.float32)
     if len(cut):
-        values[cut] = agent(torch.as_tensor(np.asarray(final_obs)[cut], device=device))[1].cpu().numpy()
+        cut_obs = torch.as_tensor(np.asarray(final_obs)[cut], device=device)
+        values[cut] = agent(cut_obs)[1].cpu().numpy()
     return values
 
 
 @torch.no_grad()
 def evaluate(envs, act, device, seed: int) -> np.ndarray:
-    """Play one full game in every env and return each env's first score. Averaging games in the
-    order they finish would favour short games (an env can finish two short games before a long one
-    ends elsewhere)."""
+    """Play one full game in every env and return each env's first score: averaging games as they
+    finish would favour short ones (an env can finish two before a long one ends elsewhere)."""
     obs, info = envs.reset(seed=seed)
     tracker = EpisodeTracker(envs.num_envs, info["lives"])
     first_scores = np.full(envs.num_envs, np.nan)
     while np.isnan(first_scores).any():
-        obs, reward, terminated, truncated, info = envs.step(act(torch.as_tensor(obs, device=device)).cpu().numpy())
+        action = act(torch.as_tensor(obs, device=device)).cpu().numpy()
+        obs, reward, terminated, truncated, info = envs.step(action)
         _, _, game_over, scores, _ = tracker.step(reward, terminated, truncated, info["lives"])
         first_scores = np.where(game_over & np.isnan(first_scores), scores, first_scores)
     return first_scores
@@ -320,8 +305,7 @@ if __name__ == "__main__":
         run_utils.end_evaluation(args.env_id, scores)
     cpu_share = gpu_utils.CpuShare(threads)  # this run's share of the CPUs among the live runs
     env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)
-    # two halves of the envs take turns: one half's envs play (C++ threads) while the policy acts on
-    # the other half's
+    # two halves of the envs take turns: one plays (C++ threads) while the policy acts on the other
     num_groups = 2 if args.overlap_envs and args.num_envs >= 2 else 1
     bounds = [g * args.num_envs // num_groups for g in range(num_groups + 1)]
     env_rows = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
@@ -346,9 +330,8 @@ if __name__ == "__main__":
 
     # ---------------- envs and network
     group_threads = max(1, env_threads // num_groups)
-    env_groups = [
-        make_envs(args.env_id, rows.stop - rows.start, group_threads, args.max_episode_frames) for rows in env_rows
-    ]
+    group_sizes = [rows.stop - rows.start for rows in env_rows]
+    env_groups = [make_envs(args.env_id, size, group_threads, args.max_episode_frames) for size in group_sizes]
     memory_format = torch.channels_last if args.channels_last else torch.preserve_format
     agent = Agent(env_groups[0].single_action_space.n, args.amp)
     agent = agent.to(device, memory_format=memory_format)
@@ -376,14 +359,15 @@ if __name__ == "__main__":
 
     # ---------------- storage: the rollout on the device; rewards and dones on the host
     obs_shape = env_groups[0].single_observation_space.shape
-    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=torch.uint8, device=device)
+    rollout_shape = (args.num_steps, args.num_envs)
+    obs = torch.zeros(rollout_shape + obs_shape, dtype=torch.uint8, device=device)
     if args.channels_last:  # stored NHWC: minibatches reach the convolutions without a copy
         obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    advantages = torch.zeros((args.num_steps, args.num_envs), device=device)
-    returns = torch.zeros((args.num_steps, args.num_envs), device=device)
+    actions = torch.zeros(rollout_shape, dtype=torch.long, device=device)
+    logprobs = torch.zeros(rollout_shape, device=device)
+    values = torch.zeros(rollout_shape, device=device)
+    advantages = torch.zeros(rollout_shape, device=device)
+    returns = torch.zeros(rollout_shape, device=device)
     next_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, device=device)
     # flat views: the update gathers its minibatches from the same addresses every iteration
     b_obs = obs.view((batch_size,) + obs_shape)
@@ -395,15 +379,12 @@ if __name__ == "__main__":
     pin = device.type == "cuda"  # pinned host memory: one asynchronous copy to the device
     host_obs = torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
     host_obs_np = host_obs.numpy()  # the envs write their observations here
-    host_rewards = torch.zeros((args.num_steps, args.num_envs), pin_memory=pin)
-    # obs[t] starts a game
+    host_rewards = torch.zeros(rollout_shape, pin_memory=pin)
     host_dones = torch.zeros((args.num_steps + 1, args.num_envs), pin_memory=pin)
-    rollout_bytes = sum(t.nbytes for t in (obs, actions, logprobs, values)) * 3 // 2
-    mb_bytes = args.minibatch_size * (obs[0, 0].nbytes + 5 * 4)
     memory = gpu_utils.estimate_memory(
         agent,
-        batch_bytes=mb_bytes,
-        rollout_bytes=rollout_bytes,
+        batch_bytes=args.minibatch_size * (obs[0, 0].nbytes + 5 * 4),
+        rollout_bytes=sum(t.nbytes for t in (obs, actions, logprobs, values)) * 3 // 2,
         example_input=obs[0, :2],
         batch_size=args.minibatch_size,
         cudagraphs=use_graph,
@@ -430,8 +411,7 @@ if __name__ == "__main__":
             run_utils.log_video(recorder.add(agent_view(frame), bool(over[0])))
 
     def update_step(mb_inds):
-        """One minibatch step: the loss over micro-batches of ``micro.rows`` rows, backward,
-        clipping, Adam. No host sync, so that --cudagraphs captures it as one CUDA graph."""
+        """One minibatch's step, with no host sync: --cudagraphs captures it as one CUDA graph."""
         optimizer.zero_grad(set_to_none=True)
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
@@ -474,9 +454,8 @@ if __name__ == "__main__":
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()
-        lr_now = args.learning_rate
-        if args.anneal_lr:
-            lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+        frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
+        lr_now = frac * args.learning_rate
         learning_rate.fill_(lr_now)
         host_dones[0] = host_dones[args.num_steps]  # whether the first observation starts a game
         games.clear()
@@ -485,8 +464,7 @@ if __name__ == "__main__":
             for group, rows in enumerate(env_rows):
                 obs[step, rows] = next_obs[rows]
                 actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
-                # .cpu() waits for this group's copy to the device too, so its host_obs rows are
-                # free to overwrite
+                # .cpu() also waits for the copy from host_obs: the envs may overwrite those rows
                 env_groups[group].send(actions[step, rows].cpu().numpy())
                 playing.append((step, group))
                 if len(playing) == num_groups:  # the other group's envs keep playing meanwhile
@@ -510,7 +488,8 @@ if __name__ == "__main__":
             b_inds = torch.randperm(batch_size, device=device)
             stats = None  # the sums over the epoch's minibatches, then their means
             for start in range(0, batch_size, args.minibatch_size):
-                mb_stats = gpu_utils.halve_on_oom(update_step, micro, b_inds[start : start + args.minibatch_size])
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                mb_stats = gpu_utils.halve_on_oom(update_step, micro, mb_inds)
                 if first_ratio_mse is None:  # cloned: a captured graph overwrites its outputs
                     first_ratio_mse = mb_stats["ratio_mse"].clone()
                 stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
@@ -553,7 +532,8 @@ if __name__ == "__main__":
         run_utils.show_progress(pbar, global_step, sps, score_text, line)
         if diverged:  # the checkpoint on disk keeps the last finite weights
             break
-        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished:
+        on_schedule = args.checkpoint_every and iteration % args.checkpoint_every == 0
+        if on_schedule or stopping or finished:
             rng = [gpu_utils.rng_state(device)] * world_size
             if distributed:  # each process's RNG state in rank 0's file: each continues its own
                 dist.all_gather_object(rng, rng[0])
