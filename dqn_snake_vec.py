@@ -30,8 +30,7 @@ class Args(run_utils.RunArgs):
     torch_deterministic: bool = True
     """deterministic cuDNN algorithms (and no cuDNN benchmark mode)"""
     checkpoint_every: int = 10_000
-    """write runs/<run_name>/checkpoint.pt every this many iterations (0: at the end and on a
-    stop)"""
+    """iterations between writes of runs/<run_name>/checkpoint.pt (0: at the end and on a stop)"""
 
     # Algorithm specific arguments
     num_envs: int = 256
@@ -41,8 +40,8 @@ class Args(run_utils.RunArgs):
     width: int = 10
     """board width (cells, at least 3)"""
     env_mode: Literal["auto", "dense", "sparse", "fused"] = "auto"
-    """VecSnake mode: dense (no host sync; GPU default), sparse (only the boards that need it; CPU
-    default), fused (dense's games, torch.compiled into a few kernels), auto"""
+    """dense (no host sync; GPU default), sparse (only the boards that need it; CPU default), fused
+    (dense's games, torch.compiled into a few kernels) or auto"""
     total_timesteps: int = 5_000_000
     """total env steps (summed over all games); an iteration is one step of every game"""
     learning_rate: float = 5e-4
@@ -74,8 +73,8 @@ class Args(run_utils.RunArgs):
     max_grad_norm: float = 10.0
     """the maximum norm for the gradient clipping"""
     log_every: int = 25_600
-    """env steps between scalar logs (whole iterations); charts/SPS: env steps/s in that window (acting only, before
-    --learning-starts)"""
+    """env steps between scalar logs (whole iterations); charts/SPS: env steps/s in that window
+    (acting only, before --learning-starts)"""
     eval_epsilon: float = 0.0
     """epsilon of the --eval-checkpoint policy"""
 
@@ -86,11 +85,13 @@ RUNTIME_FLAGS = run_utils.RUN_FLAGS | {"env_mode", "log_every", "buffer_device",
 
 def validate(args: Args, device: torch.device | None = None) -> None:
     """Raise ValueError with the one-line message of the first setting that cannot work; with a
-    ``device``, also of a replay memory, or an n-step ring beside it, larger than the free memory.
-    """
+    device, also of a replay memory or an n-step ring larger than the free memory."""
     h, w, n, buffer_size = args.height, args.width, args.num_envs, args.buffer_size
-    epsilons = (args.start_e, args.end_e, args.eval_epsilon)
     frequency, fraction = args.target_network_frequency, args.exploration_fraction
+    updates, starts = args.updates_per_step, args.learning_starts
+    epsilons = (args.start_e, args.end_e, args.eval_epsilon)
+    # each epsilon on its own: min() and max() of them skip a NaN
+    epsilons_ok = all(0 <= epsilon <= 1 for epsilon in epsilons)
     run_utils.check(
         {
             f"--height and --width must be at least 3, got {h} x {w}": min(h, w) >= 3,
@@ -103,15 +104,12 @@ def validate(args: Args, device: torch.device | None = None) -> None:
             f"--buffer-size ({buffer_size}) must hold at least --batch-size and --num-envs": (
                 buffer_size >= max(args.batch_size, n)
             ),
-            f"--updates-per-step must be at least 0, got {args.updates_per_step}": args.updates_per_step >= 0,
+            f"--updates-per-step must be at least 0, got {updates}": updates >= 0,
             f"--target-network-frequency must be at least 1, got {frequency}": frequency >= 1,
             f"--exploration-fraction must be in (0, 1], got {fraction}": 0 < fraction <= 1,
-            # each epsilon on its own: min() and max() of them skip a NaN
-            f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": all(
-                0 <= epsilon <= 1 for epsilon in epsilons
-            ),
-            f"--learning-starts must be at least 0, got {args.learning_starts}": args.learning_starts >= 0,
-            f"--log-every must be at least 1 (env steps), got {args.log_every}": args.log_every >= 1,
+            f"--start-e, --end-e and --eval-epsilon must be in [0, 1], got {epsilons}": epsilons_ok,
+            f"--learning-starts must be at least 0, got {starts}": starts >= 0,
+            f"--log-every must be at least 1 env step, got {args.log_every}": args.log_every >= 1,
         }
         | run_utils.shared_checks(args, one_process=True)
     )
@@ -119,30 +117,28 @@ def validate(args: Args, device: torch.device | None = None) -> None:
         return
     # two uint8 observations a transition: the replay memory grows with the board's area; the n-step
     # ring holds n transitions of every game on the training device, beside the replay memory when
-    # it is there too
+    # it is there too. Free memory None: unknown
     replay_device = torch.device("cpu") if args.buffer_device == "cpu" else device
     replay_gib = buffer_size * ReplayBuffer.transition_bytes((4, h, w)) / 2**30
     ring_gib = args.n_step * n * ReplayBuffer.transition_bytes((4, h, w)) / 2**30
-    # None: unknown
     free = {where: gpu_utils.free_memory(where) for where in (replay_device, device)}
-    free_gib = {where: math.inf if free_bytes is None else free_bytes / 2**30 for where, free_bytes in free.items()}
-    left_gib = free_gib[device] - (replay_gib if replay_device == device else 0)
+    free_gib = {where: math.inf if size is None else size / 2**30 for where, size in free.items()}
+    replay_free = free_gib[replay_device]
+    ring_free = free_gib[device] - (replay_gib if replay_device == device else 0)
     run_utils.check(
         {
-            f"--buffer-size {buffer_size} on {h}x{w} boards needs {replay_gib:.1f} GiB of replay memory, more than "
-            f"the {free_gib[replay_device]:.1f} GiB free on {replay_device}; lower --buffer-size or the board size": (
-                replay_gib <= free_gib[replay_device]
-            ),
-            f"--n-step {args.n_step} with --num-envs {n} on {h}x{w} boards needs {ring_gib:.1f} GiB for the n-step "
-            f"ring, more than the {left_gib:.1f} GiB free on {device} besides the replay memory; lower --n-step or "
-            "--num-envs": ring_gib <= left_gib,
+            f"--buffer-size {buffer_size} on {h}x{w} boards needs {replay_gib:.1f} GiB of replay "
+            f"memory, more than the {replay_free:.1f} GiB free on {replay_device}"
+            "; lower --buffer-size or the board size": replay_gib <= replay_free,
+            f"--n-step {args.n_step} with --num-envs {n} on {h}x{w} boards needs {ring_gib:.1f} "
+            f"GiB for the n-step ring, more than the {ring_free:.1f} GiB free on {device} "
+            "besides the replay memory; lower --n-step or --num-envs": ring_gib <= ring_free,
         }
     )
 
 
 # ---------------------------------------------------------------- environment
-# snake_env.VecSnake: N Snake games as tensors on the training device that step together (the rules;
-# the dense, sparse and fused step modes), and snake_view (one game's video frame).
+# snake_env: VecSnake (N games as tensors on the training device, stepped together), snake_view
 
 
 # ---------------------------------------------------------------- network
@@ -153,9 +149,9 @@ class QNetwork(nn.Module):
         super().__init__()
         # bf16 for the trunk only: Q-values (so targets, argmaxes, the loss) stay fp32
         self.amp = amp
-        # head, body and food planes are 0/1; the body-order plane holds ages up to H*W: scale it to
-        # [0, 1]
-        self.register_buffer("scale", torch.tensor([1.0, 1.0, 1.0, 1.0 / min(height * width, 255)]).view(1, 4, 1, 1))
+        # head, body and food planes are 0/1; scale the body-order plane (ages up to H*W) to [0, 1]
+        scale = torch.tensor([1.0, 1.0, 1.0, 1.0 / min(height * width, 255)])
+        self.register_buffer("scale", scale.view(1, 4, 1, 1))
         flat = 32 * ((height + 1) // 2) * ((width + 1) // 2)
         self.network = nn.Sequential(
             nn.Conv2d(planes, 32, 3, padding=1),
@@ -178,19 +174,18 @@ class QNetwork(nn.Module):
 
 
 def epsilon_greedy(q_values, epsilon):
-    """The greedy action, or a uniformly random one with probability ``epsilon`` (a float or a
-    device scalar)."""
+    """The greedy action, or with probability epsilon (a float or a device scalar) a random one."""
     explore = torch.rand(q_values.shape[0], device=q_values.device) < epsilon
-    return torch.where(explore, torch.randint(0, 4, explore.shape, device=q_values.device), q_values.argmax(1))
+    random_actions = torch.randint(0, 4, explore.shape, device=q_values.device)
+    return torch.where(explore, random_actions, q_values.argmax(1))
 
 
 # ---------------------------------------------------------------- algorithm
 class NStep:
     """Ring of the last n steps of N games; once full, each push emits the n-step transition that
     started n-1 pushes ago: R = sum_k gamma^k r_k up to the first step that ended the episode, the
-    true observation after that step, whether it was a termination, and the bootstrap discount
-    gamma^(steps used). The slot is a device counter and every read an index: a push makes no host
-    sync, so a CUDA graph can hold it."""
+    true observation after that step, whether it was a termination, and the discount gamma^(steps
+    used). The slot is a device counter: a push makes no host sync, so a CUDA graph can hold it."""
 
     def __init__(self, n, gamma, num_envs, obs_shape, device):
         self.n = n
@@ -224,22 +219,21 @@ class NStep:
         ended_k = self.ended.index_select(0, order)
         running = (ended_k.cumsum(0) - ended_k.long()) == 0  # no episode end before step k
         ret = (running * self._discounts.unsqueeze(1) * rewards_k).sum(0)
-        # the window's last step: its first episode end, else the newest step; one gather of the
-        # observations after it
+        # the window's last step: its first episode end, else the newest step
         last = torch.where(ended_k.any(0), ended_k.long().argmax(0), self.n - 1)
-        slot = order[last]
+        # each game's slot of that step: one gather of the observations after it
+        last_slots = (order[last], self._games)
         first = order[:1]
         obs0 = self.obs.index_select(0, first).squeeze(0)
         actions0 = self.actions.index_select(0, first).squeeze(0)
         disc = self.gamma ** (last + 1.0)
-        return obs0, actions0, ret, self.next_obs[slot, self._games], self.terminated[slot, self._games], disc
+        return obs0, actions0, ret, self.next_obs[last_slots], self.terminated[last_slots], disc
 
 
 class ReplayBuffer:
     """Preallocated replay memory of uint8 observations on the training device, or in pinned host
-    memory (``device`` cpu) with sampled batches moved to ``target`` by non-blocking copies. The
-    write position and the size are device tensors: adding and sampling make no host sync, so a CUDA
-    graph can hold them."""
+    memory (device cpu) with batches copied to target without blocking. The write position and the
+    size are device tensors: adding and sampling make no host sync, so a CUDA graph holds them."""
 
     def __init__(self, capacity, obs_shape, device, target):
         self.capacity = capacity
@@ -265,8 +259,7 @@ class ReplayBuffer:
         return 2 * int(np.prod(obs_shape)) + 8 + 4 + 4 + 1
 
     def add(self, *batch):
-        """Add a batch of (obs, actions, rewards, next_obs, terminated, discounts), wrapping
-        around."""
+        """Add rows of (obs, actions, rewards, next_obs, terminated, discounts), wrapping around."""
         n = batch[0].shape[0]
         idx = (torch.arange(n, device=self.device) + self.ptr) % self.capacity
         for store, value in zip(self.fields, batch):
@@ -305,17 +298,18 @@ def evaluate(q_network, args: Args, device):
     finished = torch.zeros(env.n, dtype=torch.bool, device=env.device)
     stats = torch.zeros(3, env.n, device=env.device)
     while not bool(finished.all()):
-        obs, _, terminated, truncated, info = env.step(epsilon_greedy(q_network(obs), args.eval_epsilon))
+        actions = epsilon_greedy(q_network(obs), args.eval_epsilon)
+        obs, _, terminated, truncated, info = env.step(actions)
         new = (terminated | truncated) & ~finished
-        stats = torch.where(new, torch.stack([info[k].float() for k in ("episode_return", "score", "length")]), stats)
+        ended_stats = torch.stack([info[k].float() for k in ("episode_return", "score", "length")])
+        stats = torch.where(new, ended_stats, stats)
         finished |= new
     return stats.cpu().numpy()
 
 
 def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_graph: bool):
-    """The run's device memory: besides the Q-network and Adam, the target network, the games, the
-    n-step ring and (unless on the host) the replay memory; activations of three forwards of a
-    batch, or of acting on every game."""
+    """Device memory: the Q-network, Adam, the target network, games, the n-step ring, the replay
+    memory unless on the host; activations of 3 forwards of a batch or of acting on every game."""
     resident = [*target_network.parameters(), *env._bufs, env.ages, nstep.obs, nstep.next_obs]
     resident += rb.fields if rb.device == rb.target else ()
     # a step's observations (uint8), food draw
@@ -331,13 +325,13 @@ def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_g
 
 
 def graph_blocker(args: Args, micro_rows: int, env_mode: str, replay_on_host: bool) -> str:
-    """Why the training step cannot be one CUDA graph (each needs the host inside the step); "" when
-    it can."""
+    """Why the training step cannot be one CUDA graph: each needs the host in it ("" if it can)."""
+    batch_size, frequency = args.batch_size, args.target_network_frequency
     blockers = {
-        f"--micro-batch {micro_rows} splits the batch of {args.batch_size}": micro_rows < args.batch_size,
+        f"--micro-batch {micro_rows} splits the batch of {batch_size}": micro_rows < batch_size,
         "--buffer-device cpu puts the replay memory on the host": replay_on_host,
-        f"--env-mode {env_mode}: only the fused step updates the games in place": env_mode != "fused",
-        "--target-network-frequency above 1 counts the updates on the host": args.target_network_frequency != 1,
+        f"--env-mode {env_mode}: only the fused step updates games in place": env_mode != "fused",
+        "--target-network-frequency above 1 counts the updates on the host": frequency != 1,
     }
     return next((why for why, blocks in blockers.items() if blocks), "")
 
@@ -373,8 +367,7 @@ if __name__ == "__main__":
         returns, scores, lengths = evaluate(q_network, args, device)
         more = f" (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
         run_utils.end_evaluation(f"Snake{h}x{w}", returns, more)
-    # registers this run among the live ones, takes its CPU share
-    cpu_share = gpu_utils.CpuShare(threads)
+    cpu_share = gpu_utils.CpuShare(threads)  # this run's share of the CPUs among the live runs
     total_steps = num_iterations * n
     run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, "the games are torch ops too")
     run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps)
@@ -391,8 +384,7 @@ if __name__ == "__main__":
 
     # ---------------- env and network
     env_mode = "fused" if args.cudagraphs and args.env_mode == "auto" else args.env_mode
-    # on a GPU the fused step draws from the device's default generator, whose state a CUDA graph
-    # advances
+    # on a GPU the fused step draws from the device's default generator, which a CUDA graph advances
     fused_on_gpu = env_mode == "fused" and device.type == "cuda"
     generator = torch.cuda.default_generators[device.index] if fused_on_gpu else None
     env = VecSnake(n, h, w, device=device, seed=args.seed, generator=generator, mode=env_mode)
@@ -419,26 +411,23 @@ if __name__ == "__main__":
     act = gpu_utils.compile_policy(act, args.compile or args.cudagraphs, args.cudagraphs and not use_graph)
     loss_fn = torch.compile(td_loss) if args.compile or args.cudagraphs else td_loss
 
-    # ---------------- storage: replay memory (pinned host memory with --buffer-device cpu), n-step ring
+    # ---------------- storage: replay memory (on the host with --buffer-device cpu), n-step ring
     rb = ReplayBuffer(args.buffer_size, (4, h, w), buffer_device, device)
     nstep = NStep(args.n_step, args.gamma, n, (4, h, w), device)
     memory = memory_estimate(q_network, target_network, env, nstep, rb, args, use_graph)
     print(memory)
     writer.add_scalar("memory/estimated_mib", memory.total / 2**20, global_step)
-    # info key -> chart of its per-episode mean; sums: games ended, the keys' sums, TD loss, mean Q,
-    # updates
-    episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length", score="score")
-    episode_charts["length"] = "snake_length"
-    sums = torch.zeros(8, device=device)
+    # info key -> chart of its per-episode mean
+    episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length")
+    episode_charts |= dict(score="score", length="snake_length")
+    sums = torch.zeros(8, device=device)  # games ended, the 4 keys' sums, TD loss, mean Q, updates
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
-    # gradient updates so far, on the host (so a graph needs frequency 1); a resumed run's from
-    # Adam's count
+    # gradient updates so far, on the host (so a graph needs frequency 1); on a resume, Adam's count
     past_updates = int(optimizer.state[params[0]]["step"]) if optimizer.state else 0
     update_count = itertools.count(past_updates + 1)
 
     def td_backward(*samples):
-        """The TD loss's gradients over a replay batch, added up over micro-batches of micro.rows
-        rows."""
+        """The TD loss's gradients over a replay batch, summed over micro-batches of micro.rows."""
         optimizer.zero_grad(set_to_none=True)
         stats = {}
         for start in range(0, args.batch_size, micro.rows):
@@ -450,8 +439,8 @@ if __name__ == "__main__":
         return stats
 
     def learning_step(obs, epsilon, updates=args.updates_per_step):
-        """Act on every game, step them all, store the step, then ``updates`` TD updates. No host sync:
-        --cudagraphs captures it as one CUDA graph. Returns the next obs, game 0's last obs and end."""
+        """Act on every game, step them all, store the step, then ``updates`` TD updates. No host
+        sync: --cudagraphs captures it whole. Returns the next obs, game 0's last obs and end."""
         actions = act(obs, epsilon)
         next_obs, rewards, terminated, truncated, info = env.step(actions)
         ended = terminated | truncated
@@ -463,7 +452,7 @@ if __name__ == "__main__":
         sums[:5].add_(episodes.sum(1))
         for _ in range(updates):
             samples = rb.sample(args.batch_size)
-            # not the games' step again
+            # an OOM retry redoes the backward passes, not the games' step
             stats = gpu_utils.halve_on_oom(td_backward, micro, *samples)
             nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             optimizer.step()
@@ -481,12 +470,10 @@ if __name__ == "__main__":
 
     # ---------------- training loop: an iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)
-    learning_starts_iteration = start_iteration + -(-args.learning_starts // n)
-    # on purpose in tests' and speed tools' env-only runs
-    if learning_starts_iteration >= num_iterations:
-        late = f"{learning_starts_iteration * n:,}"
+    learning_starts_at = start_iteration + -(-args.learning_starts // n)
+    if learning_starts_at >= num_iterations:  # on purpose in tests' and speed tools' env-only runs
+        late = f"{learning_starts_at * n:,}"
         print(f"note: learning starts at step {late}, after the run's end: it only acts")
-    # linear epsilon decay
     exploration_steps = max(args.exploration_fraction * args.total_timesteps, 1)
     recorder = run_utils.VideoRecorder(run_dir, global_step, fps=10) if args.capture_video else None
     # game 0's observation after each step of this log window, and whether its game ended
@@ -502,14 +489,14 @@ if __name__ == "__main__":
         epsilon = max(args.end_e, decayed)
         epsilon_t.fill_(epsilon)
         # once on, learning stays on (a graph adds transitions without the host counting them)
-        learning = learning or (iteration >= learning_starts_iteration and rb.added >= args.batch_size)
+        learning = learning or (iteration >= learning_starts_at and rb.added >= args.batch_size)
         obs, final_obs, ended = (learning_step if learning else acting_step)(obs, epsilon_t)
         if recorder is not None:  # the frames stay on the device until the window's one host copy
             video.append((final_obs.clone(), ended.clone()))
         iteration += 1
         global_step += n
 
-        # ---------------- logging: one pull of scalars to the host per log window (a checkpoint ends one)
+        # ---------------- logging: one host pull of scalars per log window (a checkpoint ends one)
         stopping = bool(stop)
         finished = iteration == num_iterations
         save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished
