@@ -69,14 +69,6 @@ class DropInfo(gym.Wrapper):
         return *self.env.step(action)[:4], {}
 
 
-def video_folder(run_dir: str, start_step: int) -> str:
-    """Where RecordVideo writes env 0's episodes: videos/<run name> beside runs/, as run_utils.VideoRecorder does; a
-    resumed leg's episodes count from 0 again, so they go to a folder of their own (none is overwritten)."""
-    run_dir = os.path.abspath(run_dir)
-    folder = os.path.join(os.path.dirname(os.path.dirname(run_dir)), "videos", os.path.basename(run_dir))
-    return os.path.join(folder, f"resumed-at-step-{start_step}") if start_step else folder
-
-
 def action_space(env_id: str, video: bool = False) -> gym.Space:
     """The action space of one ``env_id`` env. With ``video`` it first renders a frame, as --capture-video will, so
     that a missing renderer (pygame for the classic-control envs, an OpenGL for MuJoCo) is a one-line ValueError before

@@ -465,8 +465,8 @@ if __name__ == "__main__":
 
     acting_step = functools.partial(learning_step, updates=0)  # before --learning-starts, eagerly
     learning_step = gpu_utils.CudaGraph(learning_step, enabled=use_graph, name="training step")
-    if args.cudagraphs:
-        print(f"training step: {f'eager ({blocker})' if blocker else 'one CUDA graph'}")
+    if args.cudagraphs and blocker:  # a capture says so itself ("training step: one CUDA graph")
+        print(f"training step: eager ({blocker})")
 
     # ---------------- training loop: an iteration steps every game once, then updates the Q-network
     log_interval = max(1, args.log_every // n)

@@ -368,7 +368,7 @@ if __name__ == "__main__":
     if worlds is not None:  # every env a world of one batch on the device
         envs = continuous_envs.DeviceEnvs(worlds, args.gamma, device, ckpt)
     else:
-        videos = continuous_envs.video_folder(run_dir, start_step)
+        videos = run_utils.video_folder(run_dir, start_step)
         fns = [make_env(args.env_id, i, args.capture_video, videos, args.subproc) for i in range(args.num_envs)]
         envs = continuous_envs.HostEnvs(fns, args.subproc, args.gamma, device, ckpt)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
@@ -440,10 +440,8 @@ if __name__ == "__main__":
         return stats
 
     update_step = gpu_utils.CudaGraph(update_step, enabled=use_graph, name="update")
-    if args.cudagraphs:
-        graph = "one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
-        split = f"eager (--micro-batch {micro.rows} splits the minibatch)"
-        print(f"update: {graph if use_graph else split}")
+    if args.cudagraphs and not use_graph:  # a capture says so itself ("update: one CUDA graph")
+        print(f"update: eager (--micro-batch {micro.rows} splits the minibatch)")
 
     # ---------------- training loop
     next_obs = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)

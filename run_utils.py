@@ -605,14 +605,19 @@ def exit_now(status: int) -> None:
 
 
 # ---------------------------------------------------------------- videos
+def video_folder(run_dir: str, start_step: int) -> str:
+    """videos/<run name> beside runs/; a resumed leg's games count from 0 again, so they go to
+    videos/<run name>/resumed-at-step-<N>, where none overwrites an earlier video."""
+    run_dir = os.path.abspath(run_dir)
+    folder = os.path.join(os.path.dirname(os.path.dirname(run_dir)), "videos", os.path.basename(run_dir))
+    return os.path.join(folder, f"resumed-at-step-{start_step}") if start_step else folder
+
+
 class VideoRecorder:
     """Env 0's games to videos/<run name>/episode-<k>.mp4 beside runs/: games 0, 1, 8, 27, ..., 729, every 1000th."""
 
     def __init__(self, run_dir: str, start_step: int, fps: int):
-        name = os.path.basename(os.path.normpath(run_dir))
-        self.folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))), "videos", name)
-        if start_step:  # a resumed leg's games count from 0 again: a folder of their own, so none is overwritten
-            self.folder = os.path.join(self.folder, f"resumed-at-step-{start_step}")
+        self.folder = video_folder(run_dir, start_step)
         self.fps = fps
         self.frames = []
         self.episode = 0

@@ -98,6 +98,7 @@ def storage(a, obs_shape: tuple, device: torch.device) -> dict[str, torch.Tensor
         "host_rewards": torch.zeros(shape, pin_memory=pin),
         "host_dones": torch.zeros((a.num_steps + 1, a.num_envs), pin_memory=pin),
     }
+    host |= {"rewards_np": host["host_rewards"].numpy(), "dones_np": host["host_dones"].numpy()}  # receive's views
     return rollout | flat | host
 
 

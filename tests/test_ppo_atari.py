@@ -583,6 +583,7 @@ def test_captured_update_learns_as_the_eager_one(tmp_path):
         out = run([*args, flag], tmp_path / flag, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
         assert "update: eager" not in out.stdout, out.stdout  # --cudagraphs: captured, no fallback said
+        assert ("update: one CUDA graph" in out.stdout) == (flag == "--cudagraphs"), out.stdout
         (path,) = glob.glob(str(tmp_path / flag / "runs" / "*" / "ppo_atari.model"))
         models[flag] = torch.load(path, weights_only=True)["model"]
     for key, weight in models["--compile"].items():

@@ -511,7 +511,7 @@ def test_captured_update_learns_as_the_eager_one(tmp_path):
         (tmp_path / flag).mkdir()
         res = run(tmp_path / flag, *args, flag, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
-        graph_line = "update: one CUDA graph per minibatch step (forward, backward, clipping, Adam)"
+        graph_line = "update: one CUDA graph"  # gpu_utils.CudaGraph says so when its capture succeeds
         assert (graph_line in res.stdout) == (flag == "--cudagraphs"), res.stdout
         models[flag] = torch.load(run_dir(tmp_path / flag) / "ppo_continuous.model", weights_only=True)["model"]
     for key, weight in models["--compile"].items():
