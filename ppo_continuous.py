@@ -473,6 +473,10 @@ if __name__ == "__main__":
             gae = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             advantages.copy_(gae[0])
             returns.copy_(gae[1])
+        # the update's share of the iteration is logged: the rollout's queued device work ends here
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rollout_seconds = time.perf_counter() - iteration_start
 
         # ---------------- update: shuffle once per epoch, then minibatch slices of the permutation
         first_ratio_mse = None  # of the first minibatch, before any step
@@ -499,7 +503,8 @@ if __name__ == "__main__":
         # whether the weights are finite rides along, checked before a checkpoint could save them
         *losses, finite = torch.stack([*stats.values(), run_utils.weights_finite(params)]).tolist()
         diverged = not finite
-        sps = batch_size / (time.perf_counter() - iteration_start)
+        iteration_seconds = time.perf_counter() - iteration_start
+        sps = batch_size / iteration_seconds
         for step, episodic_return, length in envs.finished():  # at the step each episode ended
             writer.add_scalar("charts/episodic_return", episodic_return, step)
             writer.add_scalar("charts/episodic_length", length, step)
@@ -510,6 +515,7 @@ if __name__ == "__main__":
         writer.add_scalar("memory/micro_batch", micro.rows, global_step)
         if iteration > start_iteration:  # the first iteration is warm-up (compilation, capture)
             writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/update_share", 1 - rollout_seconds / iteration_seconds, global_step)
         run_utils.log_machine(writer, global_step, cpu_share, monitor)
         score_text = f"return {np.mean(recent_returns):.1f}" if recent_returns else "return -"
         progress_line = f"iteration {iteration}/{num_iterations}"

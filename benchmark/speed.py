@@ -80,6 +80,7 @@ class Result:
     peak_mib: float | None = None
     estimated_mib: float | None = None
     threads: int | None = None  # the run's last threads/torch: its share of the CPUs
+    update_share: float | None = None  # the median of charts/update_share (ppo_continuous): the update's time share
     tail: str = ""  # the end of its output, when not ok
     warning: str = ""  # what it could not do as asked (a CUDA graph capture that failed)
 
@@ -90,7 +91,8 @@ class Result:
 
 def read_metrics(folder: str) -> dict[str, float | None]:
     """From the event files under ``folder``: the steps done (the last logged), SPS (the median of charts/SPS), the
-    GPU utilisation at the steps with an SPS (not the warm-up's), and the last memory and thread figures."""
+    GPU utilisation at the steps with an SPS (not the warm-up's), the median update share (ppo_continuous logs one),
+    and the last memory and thread figures."""
     scalars: dict[str, dict[int, float]] = {}
     for path, _, files in os.walk(folder):
         for file in sorted(f for f in files if f.startswith("events.out.tfevents")):
@@ -107,6 +109,7 @@ def read_metrics(folder: str) -> dict[str, float | None]:
         return values[max(values)] if values else None
 
     util, peak, threads = steady("gpu/util_mean"), steady("gpu/util_peak"), last("threads/torch")
+    share = steady("charts/update_share")
     return {
         "steps": max(max(values) for values in scalars.values()) if scalars else None,  # done: whole iterations
         "sps": statistics.median(sps.values()) if sps else None,
@@ -115,6 +118,7 @@ def read_metrics(folder: str) -> dict[str, float | None]:
         "peak_mib": last("memory/peak_allocated_mib"),
         "estimated_mib": last("memory/estimated_mib"),
         "threads": None if threads is None else int(threads),
+        "update_share": statistics.median(share) if share else None,
     }
 
 
@@ -321,7 +325,9 @@ def machine_info() -> dict[str, str]:
 
 
 def results_table(results: list[Result], base: float | None = None) -> list[str]:
-    """One row per result; with ``base``, each rate also as a ratio to it."""
+    """One row per result; with ``base``, each rate also as a ratio to it. The update's share of the time has a
+    column where a run logged one."""
+    shares = any(r.update_share is not None for r in results)
     rows = []
     for r in results:
         rate = f"{fmt(r.sps)} {r.unit}" + (f" ({r.sps / base:.2f}x)" if base else "") if r.ok else DASH
@@ -330,9 +336,11 @@ def results_table(results: list[Result], base: float | None = None) -> list[str]
         memory = f"{fmt(r.peak_mib)} / {fmt(r.estimated_mib)}" if r.peak_mib or r.estimated_mib else DASH
         what = f"`{r.what}`" if " python " in f" {r.what}" else r.what
         status = f"{r.status}; {r.warning}" if r.warning else r.status
-        rows.append([what, fmt(r.steps), fmt(r.wall), rate, cpu, util, memory, status])
+        share = [DASH if r.update_share is None or not r.ok else f"{r.update_share:.0%}"] if shares else []
+        rows.append([what, fmt(r.steps), fmt(r.wall), rate, cpu, util, *share, memory, status])
     header = ["what", "steps", "wall s", "rate" + (" (x baseline)" if base else ""), "CPU s / 1k steps"]
-    return md_table([*header, "GPU util mean / peak", "peak / est. MiB", "status"], rows)
+    header += ["GPU util mean / peak", *(["update share"] if shares else []), "peak / est. MiB", "status"]
+    return md_table(header, rows)
 
 
 def failures(results: list[Result]) -> list[str]:

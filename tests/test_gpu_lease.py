@@ -257,8 +257,9 @@ def test_parts_that_use_their_whole_limits_still_end_inside_the_call(tmp_path, m
 
 def test_the_mjx_part_sets_exact_against_fast_physics_with_and_without_the_xla_flag(tmp_path, monkeypatch):
     """#53's GPU measurements, in their order: the worlds alone at 4,096 and 16,384 worlds, exact then fast, each size
-    followed by PPO on fast worlds with --compile --cudagraphs; then the XLA flag; then 65,536 worlds; the exact PPO
-    run last (measured on an H200 before). Each ceiling in a process of its own, the flag in its XLA_FLAGS."""
+    followed by PPO on fast worlds with --compile --cudagraphs (at 4,096 also the learn runs' 1,024 worlds, where the
+    update weighs most); then the XLA flag; then 65,536 worlds; the exact PPO run last (measured on an H200 before).
+    Each ceiling in a process of its own, the flag in its XLA_FLAGS."""
     ceilings, runs = [], []
 
     def worlds_rate(n, device, physics, seconds, env_id, xla_flags):
@@ -281,8 +282,10 @@ def test_the_mjx_part_sets_exact_against_fast_physics_with_and_without_the_xla_f
     )
     assert flag == "--xla_gpu_triton_gemm_any=true"
     fast = ["--physics", "fast", "--compile", "--cudagraphs"]
-    assert [all(arg in args for arg in fast) for args in runs] == [True, True, False]
-    assert ["--num-envs", "16384"] == runs[1][-2:] and "--compile" in runs[2] and "--physics" not in runs[2]
+    assert [all(arg in args for arg in fast) for args in runs] == [True, True, True, False]
+    learn = runs[1]
+    assert learn[learn.index("--num-envs") + 1] == "1024" and learn[learn.index("--update-epochs") + 1] == "8"
+    assert ["--num-envs", "16384"] == runs[2][-2:] and "--compile" in runs[3] and "--physics" not in runs[3]
     assert json.loads((tmp_path / "mjx.json").read_text())["mjx-env/65536/fast/triton"] == 1.0
 
 

@@ -247,6 +247,7 @@ def test_pendulum_run_logs_and_saves(pendulum_run):
     assert {"charts/episodic_return", "charts/SPS", "charts/learning_rate", "losses/value_loss"} <= set(logged)
     assert logged["threads/torch"][-1][1] == 1  # the small MLP's one torch thread, as the config line says
     assert logged["charts/SPS"][-1][0] == 256
+    assert all(0 < share < 1 for _, share in logged["charts/update_share"])  # the update's part of the iteration
     for name in ("checkpoint.pt", "ppo_continuous.model"):  # each file names the script that wrote it
         assert torch.load(run_dir(tmp_path) / name, weights_only=True)["script"] == "ppo_continuous"
     # the learning rate is a device tensor in the run (annealed in place); the checkpoint keeps a float, as ever

@@ -51,19 +51,20 @@ def test_read_metrics(tmp_path):
     for step, util, peak in [(1, 0, 10), (2, 50, 90), (3, 70, 95), (4, 60, 80)]:
         w.add_scalar("gpu/util_mean", util, step)
         w.add_scalar("gpu/util_peak", peak, step)
-    for step, sps in [(2, 100), (3, 300), (4, 200)]:  # step 1 is the warm-up iteration: no SPS
+    for step, sps, share in [(2, 100, 0.2), (3, 300, 0.4), (4, 200, 0.3)]:  # step 1 is the warm-up iteration: no SPS
         w.add_scalar("charts/SPS", sps, step)
+        w.add_scalar("charts/update_share", share, step)
     w.add_scalar("memory/peak_allocated_mib", 150.0, 4)
     w.add_scalar("threads/torch", 3, 4)
     w.close()
     expected = {"steps": 4, "sps": 200, "util_mean": 60, "util_peak": 95, "peak_mib": 150, "estimated_mib": 100}
     expected["threads"] = 3
-    assert speed.read_metrics(str(tmp_path / "runs")) == expected
+    assert speed.read_metrics(str(tmp_path / "runs")) == pytest.approx(expected | {"update_share": 0.3})
     w = SummaryWriter(str(tmp_path / "cpu"))
     w.add_scalar("charts/SPS", 5.0, 1)
     w.close()
     m = speed.read_metrics(str(tmp_path / "cpu"))
-    assert m["sps"] == 5 and m["util_mean"] is None and m["peak_mib"] is None
+    assert m["sps"] == 5 and m["util_mean"] is None and m["peak_mib"] is None and m["update_share"] is None
 
 
 def test_tables_show_failures_as_failures_and_rates_against_a_baseline():
@@ -78,6 +79,10 @@ def test_tables_show_failures_as_failures_and_rates_against_a_baseline():
     assert "\n".join(speed.failures([ok, bad, late])).count("the end of its output") == 1
     assert "boom" in speed.failures([bad])
     assert "| 1,234 SPS (2.00x) |" in speed.results_table([ok], base=617.2)[2]
+    # a column for the update's share only where a run logged one; a failed run's is not shown
+    shared = speed.results_table([speed.Result("python d.py", sps=10.0, update_share=0.42, **kw), bad])
+    assert "| update share |" in shared[0] and "| 42% |" in shared[2]
+    assert shared[3].endswith("| - | - | - | - | - | failed (exit 2) |")
 
 
 def test_runs_at_once_ok_failed_and_timed_out(tmp_path):
