@@ -267,8 +267,6 @@ def part_mjx(o) -> int:
             rate = functools.partial(worlds_rate, n, device, physics, seconds, env_id, flags)
             results[key] = speed.ceiling(what, "env steps/s", rate)
         write(o, "mjx", "--sim mjx: MJX worlds alone, exact and fast physics, PPO on them, same lease", info, results)
-        with open(os.path.join(o.work, "mjx_util.json"), "w") as f:  # the PPO runs' busy GPU share, for the summary
-            json.dump({key: r.util_mean for key, r in results.items() if r.ok}, f)
     return 0 if missing else part_exit(results)
 
 
@@ -401,13 +399,16 @@ def learned(points: list[tuple], target: float | None) -> list:
 
 
 def write(o, name: str, title: str, info: dict, results: dict[str, speed.Result]) -> None:
-    """The part's table (name.md under --out) and its figures for the summary (name.json in --work)."""
+    """The part's table (name.md under --out) and its figures for the summary in --work: each run's rate
+    (name.json) and the GPU's mean busy share while it ran (name_util.json)."""
     note = "dry run: tiny sizes on the CPU, without --compile, --cudagraphs, --env-mode" if o.dry_run else ""
     table = [*speed.results_table(list(results.values())), *speed.failures(list(results.values()))]
     with open(os.path.join(o.out, f"{name}.md"), "w") as f:
         f.write(speed.document(title, info, note, table))
     with open(os.path.join(o.work, f"{name}.json"), "w") as f:
         json.dump({key: r.sps if r.ok else None for key, r in results.items()}, f)
+    with open(os.path.join(o.work, f"{name}_util.json"), "w") as f:
+        json.dump({key: r.util_mean for key, r in results.items() if r.ok}, f)
 
 
 # ---------------------------------------------------------------- the call
@@ -517,7 +518,7 @@ def summary(o, work: str, statuses: list[list[str]], wall: float) -> str:
                 figures.update(json.load(f))
     env |= {key: rate for key, rate in ab.items() if key.startswith("mjx-env/")}  # the mjx part's ceilings
     snakes = {key: rate for key, rate in env.items() if key.startswith("snake-") and rate}
-    busy = {}  # the mjx part's runs: the GPU's mean utilisation, %
+    busy = {}  # the mjx part's runs: the GPU's mean utilisation, % (write's mjx_util.json)
     if os.path.isfile(os.path.join(work, "mjx_util.json")):
         with open(os.path.join(work, "mjx_util.json")) as f:
             busy = json.load(f)
