@@ -152,3 +152,55 @@ def test_every_module_a_script_imports_from_this_repository_is_installed():
         imported |= {node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 0}
         ours = {name for name in imported if (ROOT / f"{name}.py").is_file()}
         assert ours - installed == set(), f"{script} imports {sorted(ours - installed)}: add it to py-modules"
+
+
+def printable(text: str, templates: list[list[str]]) -> bool:
+    """Whether ``text`` can be part of a line that one of ``templates`` prints, at least half of it from the template's
+    own words: each template is the literal parts of a printed string, a value of any length between each two."""
+    for parts in templates:
+        for i, first in enumerate(parts):
+            if text in first:
+                return True
+            for j in range(i + 1, len(parts)):
+                suffixes = "|".join(re.escape(first[k:]) for k in range(len(first) + 1))  # the longest first
+                prefixes = "|".join(re.escape(parts[j][:k]) for k in range(len(parts[j]), -1, -1))
+                middle = "".join(f"(.*?){re.escape(part)}" for part in parts[i + 1 : j])  # the shortest values first
+                match = re.fullmatch(f"(?:{suffixes}){middle}(.*?)(?:{prefixes})", text, flags=re.S)
+                if match and sum(map(len, match.groups())) <= len(text) / 2:
+                    return True
+    return False
+
+
+def test_every_line_a_gpu_test_waits_for_is_one_the_code_prints():
+    """The GPU tests run only on a lent GPU: a line they wait for that no code prints any more fails there, a lease
+    later (one waited for the compile line that #52 removed). Each literal they look for in a run's output must fit
+    a string that the scripts or the shared modules print."""
+    templates = []
+    for path in ROOT.glob("*.py"):
+        for call in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == "print"):
+                continue
+            for node in ast.walk(call):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    templates.append([node.value])
+                elif isinstance(node, ast.JoinedStr):
+                    parts = [[]]
+                    for value in node.values:
+                        if isinstance(value, ast.Constant):
+                            parts[-1].append(value.value)
+                        else:
+                            parts.append([])
+                    templates.append(["".join(part) for part in parts])
+    tree = ast.parse((ROOT / "tests" / "test_gpu_scripts.py").read_text())
+    waited = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and getattr(node.comparators[0], "id", "") == "out":
+            if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+                waited.append(node.left.value)
+            elif isinstance(node.left, ast.JoinedStr):  # f"device: cuda:{gpu}": each literal part
+                waited += [v.value for v in node.left.values if isinstance(v, ast.Constant)]
+    resumes = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "RESUMES")
+    waited += [ast.literal_eval(case.elts[2]) for case in resumes.value.values]
+    assert len(waited) > 10
+    missing = [text for text in waited if not printable(text, templates)]
+    assert missing == [], missing

@@ -518,6 +518,59 @@ def test_resuming_a_finished_run_does_nothing(script, finished, tmp_path):
     assert (run_dir / "checkpoint.pt").stat().st_mtime_ns == written
 
 
+# `python -c SIGNAL_IN_SETUP <script> args...` runs the script as __main__ and sends itself SIGTERM when the run starts
+# its GPU monitor: during the set-up, after the run's folder, lock and event file exist, before the first iteration
+SIGNAL_IN_SETUP = """
+import os, runpy, signal, sys
+import gpu_utils
+start = gpu_utils.GPUMonitor.start
+def signalled(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return start(self)
+gpu_utils.GPUMonitor.start = signalled
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_stop_during_the_set_up_after_the_run_folder_exists_stops_with_a_checkpoint(script, tmp_path):
+    """Once the run has a folder, a stop signal stops it as in the loop: after the first iteration, with a checkpoint
+    to continue from. Before: "stopped on SIGTERM: nothing was written", status 143, and a folder left with its lock
+    and an event file."""
+    res = run_with(["-c", SIGNAL_IN_SETUP], script, [*TINY[script], "--checkpoint-every", "0"], tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "nothing was written" not in res.stderr
+    assert f"stopping on SIGTERM: checkpoint at step {BATCH[script]}; continue with: " in res.stdout, res.stdout
+    (ckpt_path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    assert run_utils.read_checkpoint(ckpt_path)["status"] == "stopped"
+
+
+# `python -c CLOSES <script> args...` runs the script as __main__ and says when its CPU share and GPU monitor close
+CLOSES = """
+import runpy, sys
+import gpu_utils
+for cls in (gpu_utils.CpuShare, gpu_utils.GPUMonitor):
+    def closing(self, close=cls.close, name=cls.__name__):
+        print(f"{name} closed", flush=True)
+        return close(self)
+    cls.close = closing
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_run_leaves_its_cpu_share_and_gpu_monitor_before_its_end(script, tmp_path):
+    """A finished run hands its CPUs back to the other live runs and stops sampling the GPU before its W&B upload and
+    teardown (before: it held both until the process exited)."""
+    res = run_with(["-c", CLOSES], script, TINY[script], tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    done = next(i for i, line in enumerate(lines) if line.startswith("done: step "))
+    assert "CpuShare closed" in lines[:done] and "GPUMonitor closed" in lines[:done], res.stdout[-2000:]
+
+
 # the first update step of a TINY run's last iteration: 2 iterations of 2 minibatches (ppo_continuous: 4, past
 # Pendulum's time limit, so that the fingerprint holds the bootstrap and the episode accounting); Snake learns in
 # iterations 5-8

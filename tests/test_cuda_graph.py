@@ -142,3 +142,82 @@ def test_a_failed_capture_says_so_once_and_runs_the_step_eagerly(monkeypatch, ca
     assert torch.equal(losses, eager_losses)
     for a, b in zip(model.parameters(), eager_model.parameters()):
         assert torch.equal(a, b)
+
+
+class RecordingCapture(FailingCapture):
+    """Stand-ins that let the capture run its function eagerly on the CPU (CUDA would only record its kernels) and
+    call ``on_capture`` first, with ``capturing`` true meanwhile, as torch.cuda.is_current_stream_capturing is."""
+
+    on_capture = None
+    capturing = False
+
+    class CUDAGraph:
+        def replay(self):
+            pass
+
+    @staticmethod
+    @contextlib.contextmanager
+    def graph(graph):
+        RecordingCapture.on_capture()
+        RecordingCapture.capturing = True
+        try:
+            yield
+        finally:
+            RecordingCapture.capturing = False
+
+    @staticmethod
+    def is_current_stream_capturing():
+        return RecordingCapture.capturing
+
+
+def test_an_out_of_memory_back_off_during_the_warm_up_leaves_adams_state_made_eagerly(monkeypatch):
+    """Three halvings on the first minibatch of a fresh run: before, each failed attempt used up a warm-up call, no
+    eager step completed before the capture, and the graph recorded Adam's lazy creation of its state (every replay
+    would have zeroed its moments and step count)."""
+    for name in ("Stream", "CUDAGraph", "stream", "current_stream", "graph", "is_current_stream_capturing"):
+        monkeypatch.setattr(torch.cuda, name, getattr(RecordingCapture, name))
+    monkeypatch.setattr(gpu_utils.CudaGraph, "warmup_stream", None)
+    model, optimizer, _ = make_step("cpu", capturable=False)
+    params = list(model.parameters())
+    attempts = []
+
+    def loss_of(x, y):
+        attempts.append(len(x))
+        if len(x) > 2:  # the device holds 2 rows at most
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return ((model(x) - y) ** 2).mean()
+
+    states_at_capture = []
+    RecordingCapture.on_capture = lambda: states_at_capture.append(len(optimizer.state))
+    micro = gpu_utils.MicroBatch(16)
+    data_x = torch.randn(16, 8)
+    data_y = data_x.sum(-1, keepdim=True)
+
+    def update(rows):
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(rows), micro.rows):
+            part = rows[start : start + micro.rows]
+            (loss_of(data_x[part], data_y[part]) * len(part) / len(rows)).backward()
+        optimizer.step()
+        return torch.zeros(())
+
+    step = gpu_utils.CudaGraph(update, warmup=3, name="update")
+    for _ in range(5):
+        gpu_utils.halve_on_oom(step, micro, torch.arange(16))
+    assert micro.rows == 2 and states_at_capture == [len(params)], (micro.rows, states_at_capture)
+
+
+def test_an_out_of_memory_error_while_a_graph_captures_is_not_retried_there(monkeypatch):
+    """A capture records kernels without running them: an out-of-memory error in it fails the capture (the step then
+    runs eagerly, where the back-off halves it), never a halving and an empty_cache() in the middle of the capture."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    micro = gpu_utils.MicroBatch(8)
+
+    def step(rows):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        gpu_utils.halve_on_oom(step, micro, torch.arange(8))
+    assert micro.rows == 8 and emptied == []

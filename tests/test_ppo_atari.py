@@ -588,3 +588,40 @@ def test_captured_update_learns_as_the_eager_one(tmp_path):
         models[flag] = torch.load(path, weights_only=True)["model"]
     for key, weight in models["--compile"].items():
         torch.testing.assert_close(models["--cudagraphs"][key], weight, atol=1e-4, rtol=1e-3)
+
+
+# runs the script as __main__ with Adam.step raising a CUDA out-of-memory error once, in process RANK 1 only: after
+# the gradients' all_reduce, where a retry would issue one all_reduce more than the other process
+OOM_IN_ADAM_STEP = """
+import os, runpy, sys, torch
+step = torch.optim.Adam.step
+calls = []
+def failing_step(self, *args, **kwargs):
+    calls.append(1)
+    if os.environ["RANK"] == "1" and len(calls) == 1:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected in Adam.step)")
+    return step(self, *args, **kwargs)
+torch.optim.Adam.step = failing_step
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_torchrun_out_of_memory_after_the_all_reduce_is_not_retried(tmp_path):
+    """The back-off retries what precedes the gradients' all_reduce (the forward and backward passes), never the
+    all_reduce itself: a retry there issued one collective more in one process than in the other ("Received data size
+    doesn't match expected size", SIGABRT on gloo; a hang or wrong sums on NCCL). An out-of-memory error in Adam's
+    step is the error it is, in the process it happened in."""
+    (tmp_path / "oom_in_step.py").write_text(OOM_IN_ADAM_STEP)
+    prefix = [*TORCHRUN, "oom_in_step.py", SCRIPT]
+    out = run([*TORCHRUN_ARGS, "--total-timesteps", "128"], tmp_path, prefix=prefix, script="", timeout=120)
+    assert out.returncode != 0
+    assert "CUDA out of memory (injected in Adam.step)" in out.stderr, out.stderr[-3000:]
+    assert "micro-batch: CUDA out of memory" not in out.stdout, "an error past the all_reduce was retried"
+    assert "doesn't match expected size" not in out.stderr and "SIGABRT" not in out.stderr, out.stderr[-3000:]
+
+
+def test_torchrun_prints_progress_lines_from_the_first_process_only(torchrun_run):
+    """Without a progress bar each iteration's line comes once, from rank 0 (every other rank printed it too)."""
+    _, out = torchrun_run
+    assert out.stdout.count("iteration 2/2: step 128") == 1, out.stdout
