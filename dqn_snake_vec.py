@@ -1,9 +1,10 @@
 # Double DQN on N Snake games that live as tensors on one device (a GPU when there is one).
 # Usage: python dqn_snake_vec.py          python dqn_snake_vec.py --num-envs 4096 --gpu true
-import functools
 import itertools
 import math
 import os
+import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -241,8 +242,6 @@ class ReplayBuffer:
         self.target = target
         self.ptr = torch.zeros((), dtype=torch.long, device=device)  # the next row to write
         self.size = torch.zeros((), dtype=torch.long, device=device)
-        # transitions added so far, on the host (exact until a CUDA graph takes over the adding)
-        self.added = 0
         self.pin = device.type == "cpu" and target.type == "cuda"
         kw = dict(device=device, pin_memory=self.pin)
         self.obs = torch.zeros(capacity, *obs_shape, dtype=torch.uint8, **kw)
@@ -266,7 +265,6 @@ class ReplayBuffer:
             store.index_copy_(0, idx, value.to(self.device))
         self.ptr.add_(n).remainder_(self.capacity)
         self.size.add_(n).clamp_(max=self.capacity)
-        self.added += n
 
     def sample(self, batch_size, generator=None):
         """A uniform batch (with replacement), on the training device. 62 random bits modulo the
@@ -307,6 +305,27 @@ def evaluate(q_network, args: Args, device):
     return stats.cpu().numpy()
 
 
+def evaluate_checkpoint(args: Args) -> None:
+    """--eval-checkpoint: play one game on each of --eval-episodes boards with the checkpoint's policy (at
+    --eval-epsilon), print the mean return, score and length, and exit; the board is the checkpoint's."""
+    ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "dqn_snake_vec")
+    args.height = ckpt["args"]["height"]
+    args.width = ckpt["args"]["width"]
+    device, _ = run_utils.select_device(args)
+    validate(args)
+    gpu_utils.limit_threads(gpu_utils.thread_budget(args.num_threads).threads)
+    torch.manual_seed(args.seed)
+    q_network = QNetwork(args.height, args.width, amp=args.amp).to(device)
+    run_utils.load_states({"model": q_network}, ckpt, args.eval_checkpoint)
+    returns, scores, lengths = evaluate(q_network, args, device)
+    board = f"Snake{args.height}x{args.width}"
+    print(
+        f"eval {board}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"
+        f" (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
+    )
+    sys.exit(0)
+
+
 def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_graph: bool):
     """Device memory: the Q-network, Adam, the target network, games, the n-step ring, the replay
     memory unless on the host; activations of 3 forwards of a batch or of acting on every game."""
@@ -324,11 +343,10 @@ def memory_estimate(q_network, target_network, env, nstep, rb, args: Args, use_g
     )
 
 
-def graph_blocker(args: Args, micro_rows: int, env_mode: str, replay_on_host: bool) -> str:
-    """Why the training step cannot be one CUDA graph: each needs the host in it ("" if it can)."""
-    batch_size, frequency = args.batch_size, args.target_network_frequency
+def graph_blocker(args: Args, env_mode: str, replay_on_host: bool) -> str:
+    """Why the acting and training steps cannot be a CUDA graph each: each needs the host in it ("" if they can)."""
+    frequency = args.target_network_frequency
     blockers = {
-        f"--micro-batch {micro_rows} splits the batch of {batch_size}": micro_rows < batch_size,
         "--buffer-device cpu puts the replay memory on the host": replay_on_host,
         f"--env-mode {env_mode}: only the fused step updates games in place": env_mode != "fused",
         "--target-network-frequency above 1 counts the updates on the host": frequency != 1,
@@ -338,47 +356,35 @@ def graph_blocker(args: Args, micro_rows: int, env_mode: str, replay_on_host: bo
 
 if __name__ == "__main__":
     # ---------------- arguments and their checks
-    run_utils.stop_in_one_line()  # until the run starts
+    run_utils.stop_in_one_line()  # until the run has a folder: a stop signal ends the process at once, in one line
     args = tyro.cli(Args)
     given = dict(vars(args))
     with run_utils.one_line_errors():
-        ckpt = run_utils.load_checkpoint(args.resume, "dqn_snake_vec", training=True) if args.resume else None
-        if ckpt:
-            run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
-        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "dqn_snake_vec") if args.eval_checkpoint else None
-        if eval_ckpt:  # the saved network's board; the rest of the evaluation is the command line's
-            args.height = eval_ckpt["args"]["height"]
-            args.width = eval_ckpt["args"]["width"]
+        if args.eval_checkpoint:  # play its greedy policy, print the mean return and exit
+            evaluate_checkpoint(args)
+        ckpt = run_utils.resume(args, "dqn_snake_vec", RUNTIME_FLAGS)
         device, device_why = run_utils.select_device(args)
         validate(args, device)
-        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, args.batch_size))
-        threads = gpu_utils.thread_budget(args.num_threads)
     num_iterations = args.total_timesteps // args.num_envs
     run_utils.exit_if_done(ckpt, num_iterations, args.resume)
 
     # ---------------- device, threads, seeds
-    tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
-    gpu_utils.limit_threads(threads.threads)
+    cpu_share = gpu_utils.take_cpu_share(args.num_threads)  # threads capped, a share of the CPUs among live runs
     n, h, w = args.num_envs, args.height, args.width
-    run_utils.seed(args.seed)
-    if eval_ckpt:
-        q_network = QNetwork(h, w, amp=args.amp).to(device)
-        run_utils.load_states({"model": q_network}, eval_ckpt, args.eval_checkpoint)
-        returns, scores, lengths = evaluate(q_network, args, device)
-        more = f" (mean score {scores.mean():.2f}, mean length {lengths.mean():.2f})"
-        run_utils.end_evaluation(f"Snake{h}x{w}", returns, more)
-    cpu_share = gpu_utils.CpuShare(threads)  # this run's share of the CPUs among the live runs
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     total_steps = num_iterations * n
-    run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, "the games are torch ops too")
+    run_utils.print_device(device, device_why, args.amp, cpu_share, "the games are torch ops too")
     run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps)
 
     # ---------------- logging
     start_iteration = ckpt["iteration"] if ckpt else 0
     global_step = start_iteration * n
-    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(f"Snake{h}x{w}", args)
-    with run_utils.one_line_errors():  # another process may be training in this run folder
-        run_dir = run_utils.run_folder(run_name, args.resume)
-        writer = run_utils.open_logs(run_dir, args, device, global_step, ckpt and ckpt["wandb_id"])
+    run_name = f"Snake{h}x{w}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = ckpt["run_name"] if ckpt else run_name
+    # from here on a stop signal stops the run after its iteration, with a checkpoint
+    run_dir, writer, stop = run_utils.open_run(run_name, args, device, global_step, ckpt)
     pbar = tqdm(total=total_steps, initial=global_step, disable=not args.progress_bar, unit_scale=True)
     monitor = gpu_utils.GPUMonitor(device).start()
 
@@ -395,7 +401,7 @@ if __name__ == "__main__":
     params = list(q_network.parameters())
     target_params = list(target_network.parameters())
     buffer_device = torch.device("cpu") if args.buffer_device == "cpu" else device
-    blocker = graph_blocker(args, micro.rows, env.mode, replay_on_host=buffer_device != device)
+    blocker = graph_blocker(args, env.mode, replay_on_host=buffer_device != device)
     use_graph = args.cudagraphs and not blocker
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True, capturable=use_graph)
     if ckpt:  # the replay memory starts empty: --learning-starts counts again
@@ -404,11 +410,11 @@ if __name__ == "__main__":
         obs = env.observe()
 
     @torch.no_grad()
-    def act(obs, epsilon):
+    def greedy_step(obs, epsilon):
         return epsilon_greedy(q_network(obs), epsilon)
 
-    # a captured training step holds the action step too: then it compiles in mode default
-    act = gpu_utils.compile_policy(act, args.compile or args.cudagraphs, args.cudagraphs and not use_graph)
+    # --compile, --cudagraphs: the same step compiled; inside a captured step it compiles in mode default
+    act = gpu_utils.compile_policy(greedy_step, args.compile or args.cudagraphs, args.cudagraphs and not use_graph)
     loss_fn = torch.compile(td_loss) if args.compile or args.cudagraphs else td_loss
 
     # ---------------- storage: replay memory (on the host with --buffer-device cpu), n-step ring
@@ -417,30 +423,21 @@ if __name__ == "__main__":
     memory = memory_estimate(q_network, target_network, env, nstep, rb, args, use_graph)
     print(memory)
     writer.add_scalar("memory/estimated_mib", memory.total / 2**20, global_step)
-    # info key -> chart of its per-episode mean
+    # the per-episode means logged: info key -> chart
     episode_charts = dict(episode_return="episodic_return", episode_length="episodic_length")
     episode_charts |= dict(score="score", length="snake_length")
-    sums = torch.zeros(8, device=device)  # games ended, the 4 keys' sums, TD loss, mean Q, updates
+    # what a log window adds up on the device (no host copy until the window's end): games ended, the sums of the
+    # episode charts' keys over them, and the TD loss, mean Q-value and number of the updates
+    totals = {name: torch.zeros((), device=device) for name in ["episodes", *episode_charts]}
+    totals |= {name: torch.zeros((), device=device) for name in ["td_loss", "q_values", "updates"]}
     epsilon_t = torch.zeros((), device=device)  # a device scalar: no recompiles, no host copy
     # gradient updates so far, on the host (so a graph needs frequency 1); on a resume, Adam's count
     past_updates = int(optimizer.state[params[0]]["step"]) if optimizer.state else 0
     update_count = itertools.count(past_updates + 1)
 
-    def td_backward(*samples):
-        """The TD loss's gradients over a replay batch, summed over micro-batches of micro.rows."""
-        optimizer.zero_grad(set_to_none=True)
-        stats = {}
-        for start in range(0, args.batch_size, micro.rows):
-            chunk = [t[start : start + micro.rows] for t in samples]
-            loss, chunk_stats = loss_fn(q_network, target_network, *chunk)
-            weight = len(chunk[0]) / args.batch_size
-            (loss * weight).backward()
-            stats = {name: stats.get(name, 0) + value * weight for name, value in chunk_stats.items()}
-        return stats
-
-    def learning_step(obs, epsilon, updates=args.updates_per_step):
-        """Act on every game, step them all, store the step, then ``updates`` TD updates. No host
-        sync: --cudagraphs captures it whole. Returns the next obs, game 0's last obs and end."""
+    def collect(obs, epsilon):
+        """Act on every game, step them all, store the step in the n-step ring and its transitions in the replay
+        memory; no host sync. Returns the next observations, game 0's last observation and whether its game ended."""
         actions = act(obs, epsilon)
         next_obs, rewards, terminated, truncated, info = env.step(actions)
         ended = terminated | truncated
@@ -449,22 +446,36 @@ if __name__ == "__main__":
             rb.add(*transitions)
         ended_f = ended.float()
         episodes = torch.stack([ended_f, *(info[key] * ended_f for key in episode_charts)])
-        sums[:5].add_(episodes.sum(1))
-        for _ in range(updates):
-            samples = rb.sample(args.batch_size)
-            # an OOM retry redoes the backward passes, not the games' step
-            stats = gpu_utils.halve_on_oom(td_backward, micro, *samples)
-            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-            optimizer.step()
-            one_update = torch.ones_like(stats["td_loss"])
-            sums[5:].add_(torch.stack([stats["td_loss"], stats["q_values"], one_update]))
-            if next(update_count) % args.target_network_frequency == 0:
-                with torch.no_grad():
-                    torch._foreach_lerp_(target_params, params, args.tau)
+        torch._foreach_add_([totals["episodes"], *(totals[key] for key in episode_charts)], list(episodes.sum(1)))
         return next_obs, info["final_obs"][0], ended[0]
 
-    acting_step = functools.partial(learning_step, updates=0)  # before --learning-starts, eagerly
-    learning_step = gpu_utils.CudaGraph(learning_step, enabled=use_graph, name="training step")
+    def backward(samples, weight=1.0):
+        """The TD loss's gradients over a replay batch (``weight``: its share of a split one); its statistics."""
+        loss, stats = loss_fn(q_network, target_network, *samples)
+        (loss * weight).backward()
+        return stats
+
+    # --micro-batch: the same gradients from backward passes over slices of the batch, halved on CUDA out of memory
+    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, args.batch_size, optimizer.zero_grad)
+
+    def train():
+        """One TD update from a replay batch, then the target network a step toward the Q-network; no host sync."""
+        samples = rb.sample(args.batch_size)
+        optimizer.zero_grad(set_to_none=True)
+        stats = micro_batches(samples)  # backward(samples), or over slices of them
+        nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        optimizer.step()
+        one_update = torch.ones_like(stats["td_loss"])
+        update_totals = [totals["td_loss"], totals["q_values"], totals["updates"]]
+        torch._foreach_add_(update_totals, [stats["td_loss"], stats["q_values"], one_update])
+        if next(update_count) % args.target_network_frequency == 0:
+            with torch.no_grad():
+                torch._foreach_lerp_(target_params, params, args.tau)
+
+    # --cudagraphs: the acting step and the training step as a CUDA graph each; the first captures once the n-step
+    # ring is full (until then its push emits nothing on the host's count)
+    collect_step = gpu_utils.CudaGraph(collect, enabled=use_graph, warmup=max(3, args.n_step), name="acting step")
+    train_step = gpu_utils.CudaGraph(train, enabled=use_graph, name="training step")
     if args.cudagraphs and blocker:  # a capture says so itself ("training step: one CUDA graph")
         print(f"training step: eager ({blocker})")
 
@@ -478,9 +489,7 @@ if __name__ == "__main__":
     recorder = run_utils.VideoRecorder(run_dir, global_step, fps=10) if args.capture_video else None
     # game 0's observation after each step of this log window, and whether its game ended
     video = []
-    learning = False
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
-    stop = run_utils.stop_on_signals()
     started = time.time()
     window_start = time.perf_counter()
     last_log_iteration = iteration = start_iteration
@@ -488,35 +497,41 @@ if __name__ == "__main__":
         decayed = args.start_e + (args.end_e - args.start_e) * global_step / exploration_steps
         epsilon = max(args.end_e, decayed)
         epsilon_t.fill_(epsilon)
-        # once on, learning stays on (a graph adds transitions without the host counting them)
-        learning = learning or (iteration >= learning_starts_at and rb.added >= args.batch_size)
-        obs, final_obs, ended = (learning_step if learning else acting_step)(obs, epsilon_t)
+        # learning starts once the replay memory holds a batch: of every game, this leg's steps but the first n - 1,
+        # which only fill the n-step ring
+        stored = n * max(0, iteration - start_iteration - (args.n_step - 1))
+        learning = iteration >= learning_starts_at and stored >= args.batch_size
+        obs, final_obs, ended = collect_step(obs, epsilon_t)  # act, step every game, store the step
+        if learning:
+            for _ in range(args.updates_per_step):
+                train_step()  # a TD update from a replay batch
         if recorder is not None:  # the frames stay on the device until the window's one host copy
             video.append((final_obs.clone(), ended.clone()))
         iteration += 1
         global_step += n
 
-        # ---------------- logging: one host pull of scalars per log window (a checkpoint ends one)
+        # ---------------- logging: one host pull of scalars per log window, by name (a checkpoint ends one)
         stopping = bool(stop)
         finished = iteration == num_iterations
         save_now = (args.checkpoint_every and iteration % args.checkpoint_every == 0) or stopping or finished
         if iteration % log_interval == 0 or save_now:
             # the weights are checked before a checkpoint could save them
-            pulled = torch.cat([sums, run_utils.weights_finite(params)[None]])
-            count, *episode_sums, loss_sum, q_sum, updates, finite = pulled.tolist()
-            diverged = not finite
+            finite = torch.stack([p.isfinite().all() for p in params]).all().float()
+            window = dict(zip([*totals, "weights_finite"], torch.stack([*totals.values(), finite]).tolist()))
+            diverged = not window["weights_finite"]
             logs = {"charts/epsilon": epsilon, "charts/learning_rate": args.learning_rate}
             text = f"eps {epsilon:.2f}, return -"
             # charts/episodes: the games the means are over, by which a report weighs windows
-            if count:
-                for chart, total in zip(episode_charts.values(), episode_sums):
-                    logs[f"charts/{chart}"] = total / count
-                logs["charts/episodes"] = count
+            if window["episodes"]:
+                for key, chart in episode_charts.items():
+                    logs[f"charts/{chart}"] = window[key] / window["episodes"]
+                logs["charts/episodes"] = window["episodes"]
                 text = f"eps {epsilon:.2f}, return {logs['charts/episodic_return']:.2f}"
                 text += f", length {logs['charts/snake_length']:.1f}"
-            if updates:
-                logs |= {"losses/td_loss": loss_sum / updates, "losses/q_values": q_sum / updates}
-            logs["memory/micro_batch"] = micro.rows
+            if window["updates"]:
+                logs["losses/td_loss"] = window["td_loss"] / window["updates"]
+                logs["losses/q_values"] = window["q_values"] / window["updates"]
+            logs["memory/micro_batch"] = micro_batches.rows
             sps = (iteration - last_log_iteration) * n / (time.perf_counter() - window_start)
             # the first window is warm-up (compiling, capture)
             if last_log_iteration > start_iteration:
@@ -524,15 +539,17 @@ if __name__ == "__main__":
             for key, value in logs.items():
                 writer.add_scalar(key, value, global_step)
             run_utils.log_machine(writer, global_step, cpu_share, monitor)
-            line = f"iteration {iteration}/{num_iterations}"
-            run_utils.show_progress(pbar, global_step, sps, text, line)
+            pbar.set_postfix_str(f"SPS={sps:,.0f} {text}", refresh=False)
+            pbar.update(global_step - pbar.n)
+            if not args.progress_bar:
+                print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, {text}")
             if video:
                 frames = torch.stack([frame for frame, _ in video]).cpu().numpy()
                 game_overs = torch.stack([end for _, end in video]).tolist()
                 for frame, game_over in zip(frames, game_overs):
-                    run_utils.log_video(recorder.add(snake_view(frame), game_over))
+                    recorder.add(snake_view(frame), game_over)
                 video.clear()
-            sums.zero_()
+            torch._foreach_zero_(list(totals.values()))
             window_start = time.perf_counter()
             last_log_iteration = iteration
         # its non-finite losses are logged above; the checkpoint keeps the last finite weights
@@ -556,12 +573,11 @@ if __name__ == "__main__":
             break
 
     # ---------------- end of the run
-    if args.save_model and not diverged and iteration == num_iterations:
-        model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-        model = q_network.state_dict()
-        if run_utils.save_checkpoint(model_path, script="dqn_snake_vec", args=vars(args), model=model):
-            print(f"model saved to {model_path}")
     if recorder is not None:  # the game it was recording when the run ended or stopped
-        run_utils.log_video(recorder.close())
+        recorder.close()
     pbar.close()
-    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)
+    monitor.close()
+    cpu_share.close()  # its CPUs to the other live runs
+    model = dict(script="dqn_snake_vec", args=vars(args), model=q_network.state_dict())
+    model = model if args.save_model and iteration == num_iterations else None  # --save-model
+    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged, model)

@@ -9,7 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -305,6 +305,18 @@ class CpuShare:
             self._file = None
 
 
+def take_cpu_share(
+    requested: int = 0, max_torch_threads: int | None = None, env_threads: int | None = None
+) -> CpuShare:
+    """This run's CPU threads: ``thread_budget(requested)``, with OpenMP/MKL and torch capped to it (torch also at
+    ``max_torch_threads``, the variables env subprocesses inherit at ``env_threads``), and its share among live runs."""
+    budget = thread_budget(requested)
+    torch_threads = min(budget.threads, max_torch_threads or budget.threads)
+    limit_threads(env_threads or torch_threads)
+    torch.set_num_threads(torch_threads)
+    return CpuShare(budget, max_torch_threads=torch_threads)
+
+
 def _private_directory(path: Path) -> str:
     """Make ``path`` (mode 0700) if missing; "" if it is this user's directory that no one else may write to, else why
     not (a predictable name in /tmp can be made first by another user)."""
@@ -386,16 +398,6 @@ def choose_batch_size(
             + ", ".join(str(d) for d in sorted(near))
         )
     return requested
-
-
-def parse_micro_batch(text: str, rows: int) -> int:
-    """``--micro-batch``: ``auto`` is the whole minibatch of ``rows`` (a run that fits pays nothing), else N >= 1."""
-    value = text.strip().lower()
-    if value == "auto":
-        return rows
-    if not value.isdecimal() or int(value) < 1:
-        raise BatchSizeError(f"--micro-batch {text!r} must be 'auto' or a positive integer")
-    return min(int(value), rows)
 
 
 CUDA_CONTEXT_BYTES = 500 * 2**20  # typical memory of the CUDA context and kernels, outside PyTorch's allocator
@@ -520,39 +522,48 @@ def estimate_memory(
     )
 
 
-@dataclass
-class MicroBatch:
-    """Rows per backward pass (``--micro-batch``), halved by ``halve_on_oom``; ``backoffs``: (rows tried, rows now)."""
+class MicroBatches:
+    """``backward(rows, weight)`` over slices of a minibatch's tensors, each weighted by its share of the rows: the
+    whole minibatch's gradients and statistics. --micro-batch: "auto" (one slice) or N rows. On CUDA out-of-memory the
+    gradients are cleared, the rows halve (down to one, said once) and the minibatch starts over; not while a CUDA
+    graph captures, which the error fails instead (the step then runs eagerly, and halves here)."""
 
-    rows: int
-    backoffs: list[tuple[int, int]] = field(default_factory=list)
+    def __init__(self, backward: Callable, micro_batch: str, minibatch_rows: int, zero_grad: Callable) -> None:
+        text = micro_batch.strip().lower()
+        self.backward = backward
+        self.rows = minibatch_rows if text == "auto" else min(int(text), minibatch_rows)
+        self.zero_grad = zero_grad
+        self.backoffs: list[tuple[int, int]] = []  # (rows tried, rows now) of each back-off
 
+    def __call__(self, minibatch: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        tried = self.rows
+        while True:
+            try:
+                stats = self.slices(minibatch)
+                break
+            except torch.cuda.OutOfMemoryError:
+                capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+                if self.rows == 1 or capturing:
+                    raise
+            # outside the except block, so the traceback no longer holds the failed attempt's tensors
+            self.zero_grad()
+            self.rows //= 2
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if self.rows != tried:
+            print(f"micro-batch: CUDA out of memory at {tried} rows, now {self.rows} rows per backward pass")
+            self.backoffs.append((tried, self.rows))
+        return stats
 
-def halve_on_oom(step: Callable, micro: MicroBatch, *args):
-    """``step(*args)``, again with half ``micro.rows`` on each CUDA out-of-memory, down to one row, said once. ``step``
-    must start from cleared gradients and split its minibatch into ``micro.rows`` rows."""
-    tried = micro.rows
-    while True:
-        try:
-            out = step(*args)
-            break
-        except torch.cuda.OutOfMemoryError:
-            if micro.rows == 1:
-                raise
-        # outside the except block, so the traceback no longer holds the failed attempt's tensors
-        micro.rows //= 2
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    if micro.rows != tried:
-        print(f"micro-batch: CUDA out of memory at {tried} rows, now {micro.rows} rows per backward pass")
-        micro.backoffs.append((tried, micro.rows))
-    return out
-
-
-def learning_rate_tensor(learning_rate: float, device: torch.device) -> torch.Tensor:
-    """Adam's learning rate as a device tensor, annealed in place (``fill_``): no re-capture of a CUDA graph. float64
-    on the CPU (the fused Adam then computes exactly as with a float), float32 for CUDA's fused kernel."""
-    return torch.tensor(learning_rate, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    def slices(self, minibatch: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        total = len(minibatch[0])
+        stats = {}
+        for start in range(0, total, self.rows):
+            rows = [t[start : start + self.rows] for t in minibatch]
+            weight = len(rows[0]) / total
+            part = self.backward(rows, weight)
+            stats = {name: stats.get(name, 0) + value * weight for name, value in part.items()}
+        return stats
 
 
 def compile_policy(policy: Callable, compile: bool, cudagraphs: bool) -> Callable:
@@ -567,16 +578,6 @@ def compile_policy(policy: Callable, compile: bool, cudagraphs: bool) -> Callabl
         return compiled(*args)
 
     return marked if cudagraphs else compiled
-
-
-def all_reduce_gradients(parameters: Sequence[nn.Parameter], world_size: int) -> None:
-    """Average the gradients over a torchrun job's processes, in one flat all_reduce."""
-    import torch.distributed as dist
-
-    grads = [p.grad for p in parameters]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat / world_size, grads))
 
 
 Tensors = torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]  # what a captured step returns
@@ -605,7 +606,6 @@ class CudaGraph:
         if not self.enabled:
             return self.fn(*args)
         if self.graph is None and self.calls < self.warmup:
-            self.calls += 1
             if CudaGraph.warmup_stream is None:
                 CudaGraph.warmup_stream = torch.cuda.Stream()
             side = CudaGraph.warmup_stream
@@ -613,6 +613,8 @@ class CudaGraph:
             with torch.cuda.stream(side):
                 out = self.fn(*args)
             torch.cuda.current_stream().wait_stream(side)
+            # only a call that returned is a warm-up: the capture must find the state an eager step makes (Adam's)
+            self.calls += 1
             return out
         if self.graph is None:
             self.static_args = tuple(arg.clone() for arg in args)

@@ -2,6 +2,8 @@
 # Usage: python ppo_atari.py --env-id ALE/Breakout-v5 --gae-lambda 0.7 (N GPUs: torchrun --nproc-per-node N)
 import collections
 import os
+import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -13,7 +15,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
 import tyro
-from torch.distributions import Categorical
 from tqdm import tqdm
 
 import gpu_utils
@@ -196,6 +197,31 @@ class Agent(nn.Module):
 
 
 # ---------------------------------------------------------------- algorithm
+class Categorical:
+    """The policy: CleanRL's Categorical(logits=...), for the rollout, the loss and the evaluation alike. Its sample
+    is the Gumbel-max trick, the argmax of the logits plus Gumbel noise: no host sync, unlike torch.multinomial."""
+
+    def __init__(self, logits):
+        self.logits = logits
+        self.log_probs = torch.log_softmax(logits, -1)  # of every action
+
+    def sample(self):
+        gumbel = -(-torch.rand_like(self.logits).log()).log()
+        return (self.logits + gumbel).argmax(-1)
+
+    def log_prob(self, actions):
+        return self.log_probs.gather(-1, actions[:, None]).squeeze(-1)
+
+    def entropy(self):
+        return -(self.log_probs.exp() * self.log_probs).sum(-1)
+
+
+# the rollout and the loss disagree when the first minibatch's ratios, before any step, are off by more than this
+# (root mean square): rounding alone keeps them below 1e-6 in float32 and bf16 on the CPU, and a policy the rollout
+# samples differently from the one the loss scores showed 0.02 to 0.22 (a log-std moved into the network, #59)
+RATIO_ERROR_WARNING = 1e-2
+
+
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """GAE of a (T, N) rollout (dones[t] = 1: obs[t] starts an episode) -> (advantages, returns)"""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
@@ -213,9 +239,9 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
     statistics by name), each a mean over the rows."""
     clip_coef = args.clip_coef
     logits, newvalue = agent(obs)
-    logp_all = torch.log_softmax(logits, -1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
-    logratio = logp_all.gather(-1, actions[:, None]).squeeze(-1) - logprobs
+    pi = Categorical(logits)
+    entropy = pi.entropy().mean()
+    logratio = pi.log_prob(actions) - logprobs
     ratio = logratio.exp()
     clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
     pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
@@ -249,6 +275,19 @@ def final_values(agent, final_obs, truncated, terminated, device) -> np.ndarray:
     return values
 
 
+def memory_estimate(agent, obs, actions, logprobs, values, minibatch_size: int, cudagraphs: bool):
+    """The device memory a run needs: the network and Adam, a minibatch, the rollout storage (half again for its
+    gathered minibatch copies) and a minibatch's activations (docs/devices-threads-memory.md)."""
+    return gpu_utils.estimate_memory(
+        agent,
+        batch_bytes=minibatch_size * (obs[0, 0].nbytes + 5 * 4),
+        rollout_bytes=sum(t.nbytes for t in (obs, actions, logprobs, values)) * 3 // 2,
+        example_input=obs[0, :2],
+        batch_size=minibatch_size,
+        cudagraphs=cudagraphs,
+    )
+
+
 @torch.no_grad()
 def evaluate(envs, act, device, seed: int) -> np.ndarray:
     """Play one full game in every env and return each env's first score: averaging games as they
@@ -264,9 +303,27 @@ def evaluate(envs, act, device, seed: int) -> np.ndarray:
     return first_scores
 
 
+def evaluate_checkpoint(args: Args) -> None:
+    """--eval-checkpoint: play one game in each of --eval-episodes envs with the checkpoint's policy (sampled), print
+    the mean score and exit; its game is the checkpoint's, the rest the command line's."""
+    ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "ppo_atari")
+    args.env_id = ckpt["args"]["env_id"]
+    validate(args, world_size=1)
+    device, _ = run_utils.select_device(args)
+    threads = gpu_utils.thread_budget(args.num_threads).threads
+    gpu_utils.limit_threads(threads)
+    torch.manual_seed(args.seed)
+    envs = make_envs(args.env_id, args.eval_episodes, threads, args.max_episode_frames)
+    agent = Agent(envs.single_action_space.n, args.amp).to(device)
+    run_utils.load_states({"model": agent}, ckpt, args.eval_checkpoint)
+    scores = evaluate(envs, lambda x: Categorical(agent(x)[0]).sample(), device, args.seed)
+    print(f"eval {args.env_id}: mean return {scores.mean():.2f} +- {scores.std():.2f} over {len(scores)} episodes")
+    sys.exit(0)
+
+
 if __name__ == "__main__":
     # ---------------- arguments and their checks
-    run_utils.stop_in_one_line()  # until the run starts
+    run_utils.stop_in_one_line()  # until the run has a folder: a stop signal ends the process at once, in one line
     args = tyro.cli(Args)
     given = dict(vars(args))  # as typed, before the checks fill in the minibatch fields
     rank = int(os.environ.get("RANK", 0))
@@ -274,36 +331,26 @@ if __name__ == "__main__":
     distributed = world_size > 1
     is_main = rank == 0
     with run_utils.one_line_errors():
-        ckpt = run_utils.load_checkpoint(args.resume, "ppo_atari", training=True) if args.resume else None
-        if ckpt:
-            run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
-            if len(ckpt["rng"]) != world_size:
-                raise ValueError(f"the checkpoint is from {len(ckpt['rng'])} processes; resume with as many")
-        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "ppo_atari") if args.eval_checkpoint else None
-        args.env_id = eval_ckpt["args"]["env_id"] if eval_ckpt else args.env_id
+        if args.eval_checkpoint:  # play its policy, print the mean score and exit
+            evaluate_checkpoint(args)
+        ckpt = run_utils.resume(args, "ppo_atari", RUNTIME_FLAGS)
+        if ckpt and len(ckpt["rng"]) != world_size:
+            raise ValueError(f"the checkpoint is from {len(ckpt['rng'])} processes; resume with as many")
         validate(args, world_size)
-        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, args.minibatch_size))
         device, device_why = run_utils.select_device(args)
-        threads = gpu_utils.thread_budget(args.num_threads)
     batch_size = args.num_envs * args.num_steps  # per process
     args.batch_size = batch_size * world_size
     args.num_iterations = args.total_timesteps // args.batch_size
     run_utils.exit_if_done(ckpt, args.num_iterations, args.resume, is_main)
 
     # ---------------- device, threads, seeds
-    tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
-    gpu_utils.limit_threads(threads.threads)
     if distributed:
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    run_utils.seed(args.seed, offset=rank)  # one model in every process; the rest differs by rank
-    if eval_ckpt:
-        envs = make_envs(args.env_id, args.eval_episodes, threads.threads, args.max_episode_frames)
-        agent = Agent(envs.single_action_space.n, args.amp).to(device)
-        run_utils.load_states({"model": agent}, eval_ckpt, args.eval_checkpoint)
-        scores = evaluate(envs, lambda x: Categorical(logits=agent(x)[0]).sample(), device, args.seed)
-        run_utils.end_evaluation(args.env_id, scores)
-    cpu_share = gpu_utils.CpuShare(threads)  # this run's share of the CPUs among the live runs
+    cpu_share = gpu_utils.take_cpu_share(args.num_threads)  # threads capped, a share of the CPUs among live runs
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed)  # the same model in every process
     env_threads = min(args.env_threads or cpu_share.threads, args.num_envs)
     # two halves of the envs take turns: one plays (C++ threads) while the policy acts on the other
     num_groups = 2 if args.overlap_envs and args.num_envs >= 2 else 1
@@ -313,17 +360,15 @@ if __name__ == "__main__":
     if is_main:
         why = device_why + (f"; {world_size} processes" if distributed else "")
         stepping = f"{env_threads} stepping the {args.num_envs} envs in {num_groups} group(s)"
-        run_utils.print_device(device, why, tf32, args.amp, cpu_share, stepping)
+        run_utils.print_device(device, why, args.amp, cpu_share, stepping)
         run_utils.print_config(args, given, bool(ckpt), RUNTIME_FLAGS, total_steps=total_steps)
 
-    # ---------------- logging
+    # ---------------- logging: the first process writes the logs and checkpoints
     start_step = ckpt["global_step"] if ckpt else 0
-    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
-    writer = None  # the first process writes the logs and checkpoints
-    with run_utils.one_line_errors():  # another process may be training in this run folder
-        run_dir = run_utils.run_folder(run_name, args.resume, is_main)
-        if is_main:
-            writer = run_utils.open_logs(run_dir, args, device, start_step, ckpt and ckpt["wandb_id"])
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = ckpt["run_name"] if ckpt else run_name
+    # from here on a stop signal stops the run after its iteration, with a checkpoint
+    run_dir, writer, stop = run_utils.open_run(run_name, args, device, start_step, ckpt, is_main)
     show_bar = args.progress_bar and is_main
     pbar = tqdm(total=total_steps, initial=start_step, disable=not show_bar, unit_scale=True)
     monitor = gpu_utils.GPUMonitor(device).start()
@@ -336,8 +381,11 @@ if __name__ == "__main__":
     agent = Agent(env_groups[0].single_action_space.n, args.amp)
     agent = agent.to(device, memory_format=memory_format)
     params = list(agent.parameters())
-    learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
-    use_graph = args.cudagraphs and not distributed and micro.rows >= args.minibatch_size
+    # Adam's learning rate as a device tensor, annealed in place: no re-capture of a CUDA graph. float64 on the CPU,
+    # where the fused Adam then computes exactly as with a float; float32 for CUDA's fused kernel
+    lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
+    learning_rate = torch.tensor(args.learning_rate, dtype=lr_dtype, device=device)
+    use_graph = args.cudagraphs and not distributed  # a graph cannot hold torchrun's all_reduce
     optimizer = optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
     torch.manual_seed(args.seed + rank)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
@@ -348,13 +396,14 @@ if __name__ == "__main__":
 
     @torch.no_grad()
     def policy_step(x):
+        """The rollout's step for uint8 observations: a sampled action, its log-probability, the value."""
         logits, value = agent(x)
-        logp_all = torch.log_softmax(logits, -1)
-        gumbel = -(-torch.rand_like(logits).log()).log()
-        action = (logits + gumbel).argmax(-1)  # a sample of the policy without a host sync
-        return action, logp_all.gather(-1, action[:, None]).squeeze(-1), value
+        pi = Categorical(logits)
+        action = pi.sample()
+        return action, pi.log_prob(action), value
 
-    policy_step = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
+    # --compile, --cudagraphs: the same step compiled (and then replayed as CUDA graphs)
+    act = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
     loss_fn = torch.compile(ppo_loss) if args.compile or args.cudagraphs else ppo_loss
 
     # ---------------- storage: the rollout on the device; rewards and dones on the host
@@ -383,60 +432,42 @@ if __name__ == "__main__":
     host_dones = torch.zeros((args.num_steps + 1, args.num_envs), pin_memory=pin)
     rewards_np = host_rewards.numpy()  # numpy views: a tenth of torch's cost per row written
     dones_np = host_dones.numpy()
-    memory = gpu_utils.estimate_memory(
-        agent,
-        batch_bytes=args.minibatch_size * (obs[0, 0].nbytes + 5 * 4),
-        rollout_bytes=sum(t.nbytes for t in (obs, actions, logprobs, values)) * 3 // 2,
-        example_input=obs[0, :2],
-        batch_size=args.minibatch_size,
-        cudagraphs=use_graph,
-    )
+    memory = memory_estimate(agent, obs, actions, logprobs, values, args.minibatch_size, use_graph)
     if is_main:
         print(memory)
         writer.add_scalar("memory/estimated_mib", memory.total / 2**20, start_step)
 
-    def receive(step: int, group: int) -> None:
-        """The envs of ``group`` finish the step they were sent: its results go to row ``step``."""
-        rows = env_rows[group]
-        host_obs_np[rows], reward, terminated, truncated, info = env_groups[group].recv()
-        next_obs[rows].copy_(host_obs[rows], non_blocking=True)
-        clipped, learn_done, over, scores, lengths = trackers[group].step(reward, terminated, truncated, info["lives"])
-        rewards_np[step, rows] = clipped
-        dones_np[step + 1, rows] = learn_done
-        games.extend(zip(scores[over].tolist(), lengths[over].tolist()))
-        # a game cut short by the frame cap: its reward bootstraps from V(last obs)
-        if truncated.any():
-            cut = final_values(agent, info["final_obs"], truncated, terminated, device)
-            rewards_np[step, rows] += args.gamma * cut
-        if recorder is not None and group == 0:  # a game's last frame, not the next game's first
-            frame = info["final_obs"][0] if over[0] else host_obs_np[0]
-            run_utils.log_video(recorder.add(agent_view(frame), bool(over[0])))
+    def backward(minibatch, weight=1.0):
+        """The PPO loss's gradients over a minibatch (``weight``: its share of a split one); its statistics by name."""
+        loss, stats = loss_fn(agent, *minibatch, args)
+        (loss * weight).backward()
+        return stats
 
-    def update_step(mb_inds):
-        """One minibatch's step, with no host sync: --cudagraphs captures it as one CUDA graph."""
-        optimizer.zero_grad(set_to_none=True)
+    # --micro-batch: the same gradients from backward passes over slices of the minibatch, halved on CUDA out of memory
+    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, args.minibatch_size, optimizer.zero_grad)
+
+    def update(mb_inds):
+        """One minibatch's gradient step, without a host sync: --cudagraphs captures it as one CUDA graph."""
         mb_advantages = b_advantages[mb_inds]
-        if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
+        if args.norm_adv:  # over the whole minibatch, before any split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-        stats = {}
-        for start in range(0, len(mb_inds), micro.rows):  # micro-batches: their gradients add up
-            mb = mb_inds[start : start + micro.rows]
-            mb_adv = mb_advantages[start : start + micro.rows]
-            loss, mb_stats = loss_fn(
-                agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb], b_values[mb], args
-            )
-            weight = len(mb) / len(mb_inds)
-            (loss * weight).backward()
-            stats = {name: stats.get(name, 0) + value * weight for name, value in mb_stats.items()}
-        if distributed:  # average gradients over processes, one flat all_reduce per minibatch
-            gpu_utils.all_reduce_gradients(params, world_size)
+        minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages, b_returns[mb_inds])
+        minibatch += (b_values[mb_inds],)
+        optimizer.zero_grad(set_to_none=True)
+        stats = micro_batches(minibatch)  # backward(minibatch), or over slices of it
+        if distributed:  # average the gradients over the processes, one flat all_reduce
+            grads = [p.grad for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            torch._foreach_copy_(grads, torch._utils._unflatten_dense_tensors(flat / world_size, grads))
         nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         optimizer.step()
         return stats
 
-    update_step = gpu_utils.CudaGraph(update_step, enabled=use_graph, name="update")
-    if args.cudagraphs and not use_graph and is_main:  # a graph holds neither
-        print("update: eager (torchrun's all_reduce, or --micro-batch splitting the minibatch)")
+    # --cudagraphs: the whole update step as one CUDA graph, replayed for every minibatch
+    update_step = gpu_utils.CudaGraph(update, enabled=use_graph, name="update")
+    if args.cudagraphs and distributed and is_main:  # a capture says so itself ("update: one CUDA graph")
+        print("update: eager (torchrun's all_reduce)")
 
     # ---------------- training loop
     env_seed = (args.seed * 10_000 + (start_iteration - 1) * 7919) % 2**30  # new games on resume
@@ -446,12 +477,27 @@ if __name__ == "__main__":
         host_obs_np[rows], info = envs.reset(seed=env_seed + rows.start)
         trackers.append(EpisodeTracker(rows.stop - rows.start, info["lives"]))
     next_obs.copy_(host_obs, non_blocking=True)
-    games = []  # (score over all lives, length) of each game that ended in this rollout
     recent_scores = collections.deque(maxlen=20)
-    recorder = None
-    if args.capture_video and is_main:
-        recorder = run_utils.VideoRecorder(run_dir, start_step, fps=15)
-    stop = run_utils.stop_on_signals(is_main)
+    recorder = run_utils.VideoRecorder(run_dir, start_step, fps=15) if args.capture_video and is_main else None
+
+    def receive(step, group):
+        """The envs of ``group`` finish the step they were sent: its results go to row ``step`` of the rollout.
+        Returns the games that ended, as (score over all lives, length)."""
+        rows = env_rows[group]
+        host_obs_np[rows], reward, terminated, truncated, info = env_groups[group].recv()
+        next_obs[rows].copy_(host_obs[rows], non_blocking=True)
+        clipped, learn_done, over, scores, lengths = trackers[group].step(reward, terminated, truncated, info["lives"])
+        rewards_np[step, rows] = clipped
+        dones_np[step + 1, rows] = learn_done
+        # a game cut short by the frame cap: its reward bootstraps from V(last obs)
+        if truncated.any():
+            cut = final_values(agent, info["final_obs"], truncated, terminated, device)
+            rewards_np[step, rows] += args.gamma * cut
+        if recorder is not None and group == 0:  # a game's last frame, not the next game's first
+            frame = info["final_obs"][0] if over[0] else host_obs_np[0]
+            recorder.add(agent_view(frame), bool(over[0]))
+        return list(zip(scores[over].tolist(), lengths[over].tolist()))
+
     started = time.time()
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -460,19 +506,19 @@ if __name__ == "__main__":
         lr_now = frac * args.learning_rate
         learning_rate.fill_(lr_now)
         host_dones[0] = host_dones[args.num_steps]  # whether the first observation starts a game
-        games.clear()
+        games = []  # (score over all lives, length) of each game that ended in this rollout
         playing = collections.deque()  # (step, group) of the actions the envs are playing
         for step in range(args.num_steps):
             for group, rows in enumerate(env_rows):
                 obs[step, rows] = next_obs[rows]
-                actions[step, rows], logprobs[step, rows], values[step, rows] = policy_step(next_obs[rows])
+                actions[step, rows], logprobs[step, rows], values[step, rows] = act(next_obs[rows])
                 # .cpu() also waits for the copy from host_obs: the envs may overwrite those rows
                 env_groups[group].send(actions[step, rows].cpu().numpy())
                 playing.append((step, group))
                 if len(playing) == num_groups:  # the other group's envs keep playing meanwhile
-                    receive(*playing.popleft())
+                    games += receive(*playing.popleft())
         while playing:
-            receive(*playing.popleft())
+            games += receive(*playing.popleft())
         global_step += args.batch_size
 
         # ---------------- advantages
@@ -490,8 +536,7 @@ if __name__ == "__main__":
             b_inds = torch.randperm(batch_size, device=device)
             stats = None  # the sums over the epoch's minibatches, then their means
             for start in range(0, batch_size, args.minibatch_size):
-                mb_inds = b_inds[start : start + args.minibatch_size]
-                mb_stats = gpu_utils.halve_on_oom(update_step, micro, mb_inds)
+                mb_stats = update_step(b_inds[start : start + args.minibatch_size])
                 if first_ratio_mse is None:  # cloned: a captured graph overwrites its outputs
                     first_ratio_mse = mb_stats["ratio_mse"].clone()
                 stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
@@ -504,17 +549,27 @@ if __name__ == "__main__":
                 if kl.item() / world_size > args.target_kl:
                     break
 
-        # ---------------- logging: one pull of scalars to the host per iteration
+        # ---------------- logging: the scalars pulled to the host at once, by name, one sync per iteration
         del stats["ratio_mse"]  # not its mean over the minibatches: the first minibatch's RMS
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
         stats["explained_variance"] = (1 - (returns - values).var() / returns.var()).nan_to_num(0.0, neginf=0.0)
+        scalars = {f"losses/{name}": value for name, value in stats.items()}
         stop_now = torch.tensor([float(bool(stop))], device=device)
         if distributed:  # every process stops at the same iteration when any got a signal
             dist.all_reduce(stop_now)
+        scalars["stopping"] = stop_now[0]
         # whether the weights are finite rides along: checked before a checkpoint could save them
-        pulled = torch.stack([*stats.values(), stop_now[0], run_utils.weights_finite(params)])
-        *losses, stopping, finite = pulled.tolist()
-        diverged = not finite
+        scalars["weights_finite"] = torch.stack([p.isfinite().all() for p in params]).all().float()
+        scalars = dict(zip(scalars, torch.stack(list(scalars.values())).tolist()))
+        diverged = not scalars["weights_finite"]
+        stopping = bool(scalars["stopping"])
+        ratio_error = scalars["losses/initial_ratio_error"]
+        if iteration == start_iteration and ratio_error > RATIO_ERROR_WARNING and is_main:
+            print(
+                f"warning: the loss scores the rollout's actions {ratio_error:.3g} apart from the rollout's policy "
+                f"before any step (RMS of ratio - 1 > {RATIO_ERROR_WARNING}): sample them in the rollout and score "
+                "them in ppo_loss with one distribution (Categorical)"
+            )
         sps = args.batch_size / (time.perf_counter() - iteration_start)
         recent_scores.extend(score for score, _ in games)
         if is_main:
@@ -522,16 +577,19 @@ if __name__ == "__main__":
                 writer.add_scalar("charts/episodic_return", score, global_step)
                 writer.add_scalar("charts/episodic_length", length, global_step)
             writer.add_scalar("charts/learning_rate", lr_now, global_step)
-            for name, value in zip(stats, losses):
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("memory/micro_batch", micro.rows, global_step)
+            for key in scalars:
+                if key.startswith("losses/"):
+                    writer.add_scalar(key, scalars[key], global_step)
+            writer.add_scalar("memory/micro_batch", micro_batches.rows, global_step)
             if iteration > start_iteration:  # the first iteration is warm-up (compilation, capture)
                 writer.add_scalar("charts/SPS", sps, global_step)
         run_utils.log_machine(writer, global_step, cpu_share, monitor)
         finished = iteration == args.num_iterations
         score_text = f"return {np.mean(recent_scores):.1f}" if recent_scores else "return -"
-        line = f"iteration {iteration}/{args.num_iterations}" if iteration % 10 == 0 or finished else None
-        run_utils.show_progress(pbar, global_step, sps, score_text, line)
+        pbar.set_postfix_str(f"SPS={sps:,.0f} {score_text}", refresh=False)
+        pbar.update(global_step - pbar.n)
+        if is_main and not args.progress_bar and (iteration % 10 == 0 or finished):
+            print(f"iteration {iteration}/{args.num_iterations}: step {global_step}, SPS {sps:,.0f}, {score_text}")
         if diverged:  # the checkpoint on disk keeps the last finite weights
             break
         on_schedule = args.checkpoint_every and iteration % args.checkpoint_every == 0
@@ -555,17 +613,18 @@ if __name__ == "__main__":
             break
 
     # ---------------- end of the run
-    if args.save_model and is_main and not diverged and iteration == args.num_iterations:
-        model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-        if run_utils.save_checkpoint(model_path, script="ppo_atari", args=vars(args), model=agent.state_dict()):
-            print(f"model saved to {model_path}")
     if recorder is not None:  # the game it was recording when the run ended or stopped
-        run_utils.log_video(recorder.close())
+        recorder.close()
     pbar.close()
     for envs in env_groups:
         envs.close()
+    monitor.close()
+    cpu_share.close()  # its CPUs to the other live runs
     # wait for rank 0's files: gloo aborts a process that exits right after a collective
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
-    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)
+    # --save-model: the final weights and what playing them needs
+    model = dict(script="ppo_atari", args=vars(args), model=agent.state_dict())
+    model = model if args.save_model and iteration == args.num_iterations else None
+    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged, model)

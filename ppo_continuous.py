@@ -2,7 +2,9 @@
 # Usage: python ppo_continuous.py --env-id HalfCheetah-v5      python ppo_continuous.py --preset heavy
 import collections
 import os
+import random
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -174,7 +176,7 @@ def hidden_sizes(arch: str) -> list[int]:
 
 # ---------------------------------------------------------------- environment
 # One env as CleanRL makes it; continuous_envs applies CleanRL's wrappers to all envs at once.
-def make_env(env_id, idx, capture_video=False, video_folder="", in_subprocess=False):
+def make_env(env_id, idx, capture_video=False, run_dir="", start_step=0, in_subprocess=False):
     parent = os.getpid()
 
     def thunk():
@@ -185,8 +187,8 @@ def make_env(env_id, idx, capture_video=False, video_folder="", in_subprocess=Fa
                 signal.signal(sig, signal.SIG_IGN)
         continuous_envs.warn_once_per_process(env_id)
         env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
-        if capture_video and idx == 0:
-            env = continuous_envs.RecordVideo(env, video_folder)  # a failed write: a warning
+        if capture_video and idx == 0:  # to videos/<run name>; a failed write is a warning
+            env = continuous_envs.RecordVideo(env, run_utils.video_folder(run_dir, start_step))
         if len(env.observation_space.shape or ()) != 1:
             env = gym.wrappers.FlattenObservation(env)
         return continuous_envs.DropInfo(env)
@@ -229,7 +231,10 @@ class Agent(nn.Module):
     def forward(self, norm_obs):  # normalised observations -> (action means, values)
         return self.mean(norm_obs), self.value(norm_obs)
 
-    # the rollout and the loss both use it: the same precision in the ratio
+    def policy(self, norm_obs):
+        """The Gaussian over actions that the rollout samples, the loss scores and the evaluation plays (its mean)."""
+        return Gaussian(self.mean(norm_obs), self.actor_logstd)
+
     def mean(self, norm_obs):
         return self.run(self.actor_mean, norm_obs)
 
@@ -238,6 +243,37 @@ class Agent(nn.Module):
 
 
 # ---------------------------------------------------------------- algorithm
+class Gaussian:
+    """The policy: CleanRL's Normal(mean, exp(logstd)) over actions, its log-probabilities summed over the action's
+    dimensions, for the rollout, the loss and the evaluation alike. ``logstd`` broadcasts against ``mean``: one per
+    action dimension (a parameter, as CleanRL's) or one per state (an output of the network)."""
+
+    def __init__(self, mean, logstd):
+        self.mean = mean
+        self.logstd = logstd
+
+    def sample(self, noise):
+        """The actions mean + std * ``noise`` (standard normal) and their log-probabilities: the noise's log-density,
+        which a round trip through the actions would only round."""
+        actions = self.mean + self.logstd.exp() * noise
+        return actions, self.log_density(noise)
+
+    def log_prob(self, actions):
+        return self.log_density((actions - self.mean) * torch.exp(-self.logstd))
+
+    def log_density(self, z):  # of the actions whose standardised values are z
+        return (-0.5 * z.pow(2) - self.logstd).sum(-1) - LOG_2PI_HALF * z.shape[-1]
+
+    def entropy(self):
+        return (self.logstd + 0.5 + LOG_2PI_HALF).sum(-1)
+
+
+# the rollout and the loss disagree when the first minibatch's ratios, before any step, are off by more than this
+# (root mean square): rounding alone keeps them below 1e-6 in float32 and bf16 on the CPU, and a policy the rollout
+# samples differently from the one the loss scores showed 0.02 to 0.22 (a log-std moved into the network, #59)
+RATIO_ERROR_WARNING = 1e-2
+
+
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """GAE over a (T, N) rollout (dones[t] = 1: obs[t] starts an episode): (advantages, returns)"""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
@@ -253,11 +289,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: Args):
     """Clipped PPO loss of a (micro-)batch, advantages normalised: (loss, {name: mean over rows})"""
     clip_coef = args.clip_coef
-    logstd = agent.actor_logstd
-    z = (actions - agent.mean(obs)) * torch.exp(-logstd)
-    newlogprob = (-0.5 * z.pow(2) - logstd).sum(1) - LOG_2PI_HALF * actions.shape[1]
-    # state-independent std: the same for every sample
-    entropy = (logstd + 0.5 + LOG_2PI_HALF).sum()
+    pi = agent.policy(obs)
+    newlogprob = pi.log_prob(actions)
+    entropy = pi.entropy().mean()
     newvalue = agent.value(obs)
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
@@ -282,6 +316,20 @@ def ppo_loss(agent, obs, actions, logprobs, advantages, returns, values, args: A
     return pg_loss - args.ent_coef * entropy + v_loss * args.vf_coef, stats
 
 
+def memory_estimate(agent, obs_dim: int, act_dim: int, batch_size: int, minibatch_size: int, cudagraphs: bool):
+    """The device memory a run needs: the network and Adam, a minibatch, the rollout storage and a minibatch's
+    activations (docs/devices-threads-memory.md)."""
+    transition_bytes = (obs_dim + act_dim + 5) * 4
+    return gpu_utils.estimate_memory(
+        agent,
+        batch_bytes=minibatch_size * transition_bytes,
+        rollout_bytes=batch_size * transition_bytes,
+        example_input=torch.zeros(1, obs_dim, device=next(agent.parameters()).device),
+        batch_size=minibatch_size,
+        cudagraphs=cudagraphs,
+    )
+
+
 # ---------------------------------------------------------------- checkpoint and evaluation
 @torch.no_grad()
 def evaluate(ckpt: dict, hidden: list[int], args: Args) -> np.ndarray:
@@ -296,7 +344,7 @@ def evaluate(ckpt: dict, hidden: list[int], args: Args) -> np.ndarray:
     returns = np.zeros(envs.num_envs)
     finished = np.zeros(envs.num_envs, dtype=bool)
     while not finished.all():
-        actions = agent.mean(torch.as_tensor(obs_rms.normalize(obs, False), dtype=torch.float32))
+        actions = agent.policy(torch.as_tensor(obs_rms.normalize(obs, False), dtype=torch.float32)).mean
         actions = np.clip(actions.numpy(), action_space.low, action_space.high)
         obs, reward, terminated, truncated, _ = envs.step(actions)
         returns += reward * ~finished
@@ -304,63 +352,67 @@ def evaluate(ckpt: dict, hidden: list[int], args: Args) -> np.ndarray:
     return returns
 
 
+def evaluate_checkpoint(args: Args) -> None:
+    """--eval-checkpoint: play one episode in each of --eval-episodes envs with the checkpoint's mean actions, print
+    the mean return and exit; its env and network are the checkpoint's, the seed and episodes the command line's."""
+    ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "ppo_continuous")
+    args.env_id = ckpt["args"]["env_id"]
+    args.network_arch = ckpt["args"]["network_arch"]
+    for key in ("preset", "num_envs", "num_steps", "minibatch_size", "num_minibatches"):  # no training sizes
+        setattr(args, key, None)
+    resolve_args(args)
+    validate(args, evaluating=True)
+    gpu_utils.limit_threads(gpu_utils.thread_budget(args.num_threads).threads)
+    returns = evaluate(ckpt, hidden_sizes(args.network_arch), args)
+    print(f"eval {args.env_id}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    sys.exit(0)
+
+
 if __name__ == "__main__":
     # ---------------- arguments and their checks
-    run_utils.stop_in_one_line()  # until the run starts
+    run_utils.stop_in_one_line()  # until the run has a folder: a stop signal ends the process at once, in one line
     args = tyro.cli(Args)
     given = dict(vars(args))  # as typed, before the preset and the checkpoint fill in the rest
     with run_utils.one_line_errors():
-        ckpt = run_utils.load_checkpoint(args.resume, "ppo_continuous", training=True) if args.resume else None
-        eval_ckpt = run_utils.load_checkpoint(args.eval_checkpoint, "ppo_continuous") if args.eval_checkpoint else None
-        if eval_ckpt:  # its network, no training sizes; the seed and episodes from the command line
-            args.env_id = eval_ckpt["args"]["env_id"]
-            args.network_arch = eval_ckpt["args"]["network_arch"]
-            for key in ("preset", "num_envs", "num_steps", "minibatch_size", "num_minibatches"):
-                setattr(args, key, None)
-        if ckpt:  # the run's settings; how and where it runs comes from the command line
-            run_utils.resume_args(args, ckpt, RUNTIME_FLAGS)
+        if args.eval_checkpoint:  # play its policy's mean actions, print the mean return and exit
+            evaluate_checkpoint(args)
+        ckpt = run_utils.resume(args, "ppo_continuous", RUNTIME_FLAGS)  # the run's settings, not a preset's
         sources = {} if ckpt else resolve_args(args)
-        validate(args, evaluating=eval_ckpt is not None)
+        validate(args, evaluating=False)
         hidden = hidden_sizes(args.network_arch)
         batch_size = args.num_envs * args.num_steps
         minibatch_size = int(args.minibatch_size)
-        micro = gpu_utils.MicroBatch(gpu_utils.parse_micro_batch(args.micro_batch, minibatch_size))
         num_iterations = args.total_timesteps // batch_size
         # a small MLP runs faster on the CPU: a host<->device round trip per env step costs more
         small = max(hidden) < 256 and args.preset is None and args.sim == "cpu"
         why = f"network {args.network_arch} is small (< 256 units), so CPU; --gpu true forces GPU"
         device, device_why = run_utils.select_device(args, prefer_cpu=why if small else "")
-        threads = gpu_utils.thread_budget(args.num_threads)
     run_utils.exit_if_done(ckpt, num_iterations, args.resume)
 
     # ---------------- device, threads, seeds
-    tf32 = gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     # one torch thread runs a small MLP fastest; env subprocesses inherit the thread variables: 1
     one_thread = small and device.type == "cpu" and not args.num_threads
-    torch_threads = 1 if one_thread else threads.threads
-    gpu_utils.limit_threads(1 if args.subproc else torch_threads)
-    torch.set_num_threads(torch_threads)
-    run_utils.seed(args.seed)
-    if eval_ckpt:
-        run_utils.end_evaluation(args.env_id, evaluate(eval_ckpt, hidden, args))
-    # registers this run among the live ones and takes its share of the CPUs
-    cpu_share = gpu_utils.CpuShare(threads, max_torch_threads=torch_threads)
-    env_threads = "1 in each env subprocess" if args.subproc else "the envs step in this process"
-    run_utils.print_device(device, device_why, tf32, args.amp, cpu_share, env_threads)
+    env_threads = 1 if args.subproc else None
+    cpu_share = gpu_utils.take_cpu_share(args.num_threads, 1 if one_thread else None, env_threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    env_text = "1 in each env subprocess" if args.subproc else "the envs step in this process"
+    run_utils.print_device(device, device_why, args.amp, cpu_share, env_text)
     total_steps = num_iterations * batch_size
     run_utils.print_config(args, given, ckpt is not None, RUNTIME_FLAGS, total_steps, sources)
 
     # ---------------- logging
     start_step = ckpt["global_step"] if ckpt else 0
-    run_name = ckpt["run_name"] if ckpt else run_utils.new_run_name(args.env_id, args)
-    # MJX's worlds first: a jaxlib that refuses the device writes no run
-    with run_utils.one_line_errors():
-        worlds = None
-        if args.sim == "mjx":
-            placed = dict(seed=args.seed, device=device, impl=args.mjx_impl, physics=args.physics)
+    run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = ckpt["run_name"] if ckpt else run_name
+    worlds = None
+    if args.sim == "mjx":  # MJX's worlds first: a jaxlib that refuses the device writes no run
+        placed = dict(seed=args.seed, device=device, impl=args.mjx_impl, physics=args.physics)
+        with run_utils.one_line_errors():
             worlds = mjx_envs.MJXVectorEnv(args.env_id, args.num_envs, **placed)
-        run_dir = run_utils.run_folder(run_name, args.resume)
-        writer = run_utils.open_logs(run_dir, args, device, start_step, ckpt and ckpt["wandb_id"])
+    # from here on a stop signal stops the run after its iteration, with a checkpoint
+    run_dir, writer, stop = run_utils.open_run(run_name, args, device, start_step, ckpt)
     pbar = tqdm(total=total_steps, initial=start_step, disable=not args.progress_bar, unit_scale=True)
     monitor = gpu_utils.GPUMonitor(device).start()
 
@@ -368,25 +420,29 @@ if __name__ == "__main__":
     if worlds is not None:  # every env a world of one batch on the device
         envs = continuous_envs.DeviceEnvs(worlds, args.gamma, device, ckpt)
     else:
-        videos = run_utils.video_folder(run_dir, start_step)
-        fns = [make_env(args.env_id, i, args.capture_video, videos, args.subproc) for i in range(args.num_envs)]
+        video = (args.capture_video, run_dir, start_step)  # env 0's episodes to videos/<run name>
+        fns = [make_env(args.env_id, i, *video, args.subproc) for i in range(args.num_envs)]
         envs = continuous_envs.HostEnvs(fns, args.subproc, args.gamma, device, ckpt)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: the clipping runs every minibatch
-    learning_rate = gpu_utils.learning_rate_tensor(args.learning_rate, device)  # annealed in place
-    use_graph = args.cudagraphs and micro.rows >= minibatch_size  # a graph holds no split minibatch
-    optimizer = optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=use_graph)
+    # Adam's learning rate as a device tensor, annealed in place: no re-capture of a CUDA graph. float64 on the CPU,
+    # where the fused Adam then computes exactly as with a float; float32 for CUDA's fused kernel
+    lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
+    learning_rate = torch.tensor(args.learning_rate, dtype=lr_dtype, device=device)
+    optimizer = optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
         run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume, device=device)
 
     @torch.no_grad()
-    def policy_step(norm_obs, scaled_noise):  # the rollout's actions: the means plus Gaussian noise
-        return agent.mean(norm_obs) + scaled_noise
+    def policy_step(norm_obs, noise):
+        """The rollout's step: actions sampled from the policy with standard normal ``noise``, their log-probs."""
+        return agent.policy(norm_obs).sample(noise)
 
-    policy_step = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
+    # --compile, --cudagraphs: the same step compiled (and then replayed as CUDA graphs)
+    act = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
     loss_fn = torch.compile(ppo_loss) if args.compile or args.cudagraphs else ppo_loss
 
     # ---------------- storage: the rollout on the device
@@ -405,49 +461,39 @@ if __name__ == "__main__":
     b_values = values.view(-1)
     b_advantages = advantages.view(-1)
     b_returns = returns.view(-1)
-    transition_bytes = (obs_dim + act_dim + 5) * 4
-    memory = gpu_utils.estimate_memory(
-        agent,
-        batch_bytes=minibatch_size * transition_bytes,
-        rollout_bytes=batch_size * transition_bytes,
-        example_input=torch.zeros(1, obs_dim, device=device),
-        batch_size=minibatch_size,
-        cudagraphs=use_graph,
-    )
+    memory = memory_estimate(agent, obs_dim, act_dim, batch_size, minibatch_size, args.cudagraphs)
     print(memory)
     writer.add_scalar("memory/estimated_mib", memory.total / 2**20, start_step)
 
-    def update_step(mb_inds):
-        """One minibatch step (micro-batches' losses, backward, clipping, Adam) without a host sync,
-        so that --cudagraphs captures it as one CUDA graph."""
-        optimizer.zero_grad(set_to_none=True)
+    def backward(minibatch, weight=1.0):
+        """The PPO loss's gradients over a minibatch (``weight``: its share of a split one); its statistics by name."""
+        loss, stats = loss_fn(agent, *minibatch, args)
+        (loss * weight).backward()
+        return stats
+
+    # --micro-batch: the same gradients from backward passes over slices of the minibatch, halved on CUDA out of memory
+    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, minibatch_size, optimizer.zero_grad)
+
+    def update(mb_inds):
+        """One minibatch's gradient step, without a host sync: --cudagraphs captures it as one CUDA graph."""
         mb_advantages = b_advantages[mb_inds]
-        if args.norm_adv:  # over the whole minibatch, before it is split into micro-batches
+        if args.norm_adv:  # over the whole minibatch, before any split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-        stats = {}
-        # their gradients add up to the minibatch's
-        for start in range(0, len(mb_inds), micro.rows):
-            mb = mb_inds[start : start + micro.rows]
-            mb_adv = mb_advantages[start : start + micro.rows]
-            loss, mb_stats = loss_fn(
-                agent, b_obs[mb], b_actions[mb], b_logprobs[mb], mb_adv, b_returns[mb], b_values[mb], args
-            )
-            weight = len(mb) / len(mb_inds)
-            (loss * weight).backward()
-            stats = {name: stats.get(name, 0) + value * weight for name, value in mb_stats.items()}
+        minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages, b_returns[mb_inds])
+        minibatch += (b_values[mb_inds],)
+        optimizer.zero_grad(set_to_none=True)
+        stats = micro_batches(minibatch)  # backward(minibatch), or over slices of it
         nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         optimizer.step()
         return stats
 
-    update_step = gpu_utils.CudaGraph(update_step, enabled=use_graph, name="update")
-    if args.cudagraphs and not use_graph:  # a capture says so itself ("update: one CUDA graph")
-        print(f"update: eager (--micro-batch {micro.rows} splits the minibatch)")
+    # --cudagraphs: the whole update step as one CUDA graph, replayed for every minibatch
+    update_step = gpu_utils.CudaGraph(update, enabled=args.cudagraphs, name="update")
 
     # ---------------- training loop
     next_obs = envs.reset(seed=args.seed + (start_iteration - 1) * args.num_envs)
     next_done = torch.zeros(args.num_envs, device=device)
     recent_returns = collections.deque(maxlen=20)
-    stop = run_utils.stop_on_signals()
     started = time.time()
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
     for iteration in range(start_iteration, num_iterations + 1):
@@ -455,21 +501,18 @@ if __name__ == "__main__":
         frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
         lr_now = frac * args.learning_rate
         learning_rate.fill_(lr_now)
-        noise = torch.randn((args.num_steps, args.num_envs, act_dim), device=device)
+        noise = torch.randn((args.num_steps, args.num_envs, act_dim), device=device)  # the rollout's, at once
         with torch.no_grad():
-            std = agent.actor_logstd.exp()  # once per rollout: the policy does not change during it
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
                 dones[step] = next_done
-                actions[step] = policy_step(next_obs, std * noise[step])
+                actions[step], logprobs[step] = act(next_obs, noise[step])
                 next_obs, rewards[step], next_done = envs.step(actions[step], agent.value, global_step)
 
-            # ---------------- advantages: values and log-probs in one batched pass each
+            # ---------------- advantages: the values in one batched pass
             b_values.copy_(agent.value(b_obs))
             next_value = agent.value(next_obs)
-            log_density = (-0.5 * noise.pow(2) - agent.actor_logstd).sum(-1)
-            logprobs.copy_(log_density - LOG_2PI_HALF * act_dim)
             gae = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             advantages.copy_(gae[0])
             returns.copy_(gae[1])
@@ -484,7 +527,7 @@ if __name__ == "__main__":
             perm = torch.randperm(batch_size, device=device)
             stats = None  # the sums over the epoch's minibatches, then their means
             for mb_inds in perm.split(minibatch_size):
-                mb_stats = gpu_utils.halve_on_oom(update_step, micro, mb_inds)
+                mb_stats = update_step(mb_inds)
                 if first_ratio_mse is None:  # cloned: a captured graph overwrites its outputs
                     first_ratio_mse = mb_stats["ratio_mse"].clone()
                 stats = stats or {name: torch.zeros_like(value) for name, value in mb_stats.items()}
@@ -494,15 +537,24 @@ if __name__ == "__main__":
             if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
                 break
 
-        # ---------------- logging: one pull of scalars to the host per iteration
+        # ---------------- logging: the scalars pulled to the host at once, by name, one sync per iteration
         # its mean over the minibatches is not logged: the first minibatch's RMS is
         del stats["ratio_mse"]
         stats["initial_ratio_error"] = first_ratio_mse.sqrt()
         explained_var = 1 - (returns - values).var() / returns.var()
         stats["explained_variance"] = explained_var.nan_to_num(0.0, neginf=0.0)
+        scalars = {f"losses/{name}": value for name, value in stats.items()}
         # whether the weights are finite rides along, checked before a checkpoint could save them
-        *losses, finite = torch.stack([*stats.values(), run_utils.weights_finite(params)]).tolist()
-        diverged = not finite
+        scalars["weights_finite"] = torch.stack([p.isfinite().all() for p in params]).all().float()
+        scalars = dict(zip(scalars, torch.stack(list(scalars.values())).tolist()))
+        diverged = not scalars["weights_finite"]
+        ratio_error = scalars["losses/initial_ratio_error"]
+        if iteration == start_iteration and ratio_error > RATIO_ERROR_WARNING:
+            print(
+                f"warning: the loss scores the rollout's actions {ratio_error:.3g} apart from the rollout's policy "
+                f"before any step (RMS of ratio - 1 > {RATIO_ERROR_WARNING}): sample them in the rollout and score "
+                "them in ppo_loss with one distribution (Agent.policy)"
+            )
         iteration_seconds = time.perf_counter() - iteration_start
         sps = batch_size / iteration_seconds
         for step, episodic_return, length in envs.finished():  # at the step each episode ended
@@ -510,16 +562,19 @@ if __name__ == "__main__":
             writer.add_scalar("charts/episodic_length", length, step)
             recent_returns.append(episodic_return)
         writer.add_scalar("charts/learning_rate", lr_now, global_step)
-        for name, value in zip(stats, losses):
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("memory/micro_batch", micro.rows, global_step)
+        for key in scalars:
+            if key.startswith("losses/"):
+                writer.add_scalar(key, scalars[key], global_step)
+        writer.add_scalar("memory/micro_batch", micro_batches.rows, global_step)
         if iteration > start_iteration:  # the first iteration is warm-up (compilation, capture)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/update_share", 1 - rollout_seconds / iteration_seconds, global_step)
         run_utils.log_machine(writer, global_step, cpu_share, monitor)
         score_text = f"return {np.mean(recent_returns):.1f}" if recent_returns else "return -"
-        progress_line = f"iteration {iteration}/{num_iterations}"
-        run_utils.show_progress(pbar, global_step, sps, score_text, progress_line)
+        pbar.set_postfix_str(f"SPS={sps:,.0f} {score_text}", refresh=False)
+        pbar.update(global_step - pbar.n)
+        if not args.progress_bar:
+            print(f"iteration {iteration}/{num_iterations}: step {global_step}, SPS {sps:,.0f}, {score_text}")
         # its losses are logged above; the checkpoint on disk keeps the last finite weights
         if diverged:
             break
@@ -543,12 +598,11 @@ if __name__ == "__main__":
             break
 
     # ---------------- end of the run
-    if args.save_model and not diverged and iteration == num_iterations:
-        model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-        # the statistics it saw
-        model = dict(model=agent.state_dict(), obs_rms=envs.obs_rms.state())
-        if run_utils.save_checkpoint(model_path, script="ppo_continuous", args=vars(args), **model):
-            print(f"model saved to {model_path}")
     pbar.close()
     envs.close()
-    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged)
+    monitor.close()
+    cpu_share.close()  # its CPUs to the other live runs
+    # --save-model: the final weights and the observation statistics they saw
+    model = dict(script="ppo_continuous", args=vars(args), model=agent.state_dict(), obs_rms=envs.obs_rms.state())
+    model = model if args.save_model and iteration == num_iterations else None
+    run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged, model)

@@ -9,7 +9,6 @@ import dataclasses
 import errno
 import functools
 import os
-import random
 import shlex
 import shutil
 import signal
@@ -21,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 import gpu_utils
 
@@ -175,6 +173,9 @@ def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     script = os.path.basename(sys.argv[0])
     several_gpus = "for several GPUs, run several seeds at once with benchmark/sweep.py"
+    gpu_utils.thread_budget(args.num_threads)  # raises the one-line error of a --num-threads out of range
+    micro = args.micro_batch.strip().lower()
+    rows = [micro] if micro.isdecimal() and int(micro) >= 1 else []
     checks = {
         f"--seed must be from 0 to 2**32 - 1, got {args.seed}": 0 <= args.seed < 2**32,  # numpy's seeding: no other
         "--resume needs a checkpoint's path, got an empty one": args.resume != "",
@@ -193,6 +194,7 @@ def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
         f"--exp-name names the run's folder: give one without '/', got {args.exp_name!r}": (
             args.exp_name.strip() != "" and "/" not in args.exp_name
         ),
+        f"--micro-batch {args.micro_batch!r} must be 'auto' or a positive integer": micro in ("auto", *rows),
     }
     if "gae_lambda" not in fields:
         return checks
@@ -214,8 +216,8 @@ def shared_checks(args, one_process: bool = False) -> dict[str, bool]:
 
 
 def select_device(args, prefer_cpu: str = "") -> tuple[torch.device, str]:
-    """The device of --gpu, --session, --cuda-offset and why, made current; --gpu auto: the CPU if ``prefer_cpu``
-    says why it is faster."""
+    """The device of --gpu, --session, --cuda-offset and why, made current, with TF32 (--tf32) and cuDNN's modes
+    (--torch-deterministic) set; --gpu auto: the CPU if ``prefer_cpu`` says why it is faster."""
     if args.gpu == "auto" and prefer_cpu:
         device, why = torch.device("cpu"), f"--gpu auto: {prefer_cpu}"
     else:
@@ -224,19 +226,8 @@ def select_device(args, prefer_cpu: str = "") -> tuple[torch.device, str]:
     check({graphs: not args.cudagraphs or device.type == "cuda"})
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    gpu_utils.enable_tf32(args.tf32, args.torch_deterministic)
     return device, why
-
-
-def seed(seed: int, offset: int = 0) -> None:
-    """Seed python, numpy (``seed + offset``, the rank) and torch (``seed``: the same model in every process)."""
-    random.seed(seed + offset)
-    np.random.seed(seed + offset)
-    torch.manual_seed(seed)
-
-
-def new_run_name(env: str, args) -> str:
-    """<env>__<exp_name>__<seed>__<unix time>, the name sweeps and reports parse."""
-    return f"{env.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
 
 def print_config(
@@ -278,14 +269,9 @@ def resume_command(path: str) -> str:
     return shlex.join([*launcher, sys.argv[0], *words, "--resume", path])
 
 
-def end_evaluation(env: str, returns: np.ndarray, more: str = "") -> None:
-    """--eval-checkpoint's one result line (``more``: what the script adds), then exit status 0."""
-    print(f"eval {env}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes{more}")
-    sys.exit(0)
-
-
-def print_device(device: torch.device, why: str, tf32: bool, amp: bool, share: gpu_utils.CpuShare, envs: str) -> None:
-    """The start-up lines: device and why, bf16's cost here, CPU threads and what the envs step on (``envs``)."""
+def print_device(device: torch.device, why: str, amp: bool, share: gpu_utils.CpuShare, envs: str) -> None:
+    """The start-up lines: device and why, TF32, bf16's cost here, CPU threads and what the envs step on (``envs``)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # as select_device set it
     print(f"device: {device} ({why}){', TF32 on' if tf32 else ''}")
     note = gpu_utils.bf16_note(device) if amp else ""
     if note:
@@ -327,9 +313,12 @@ def load_checkpoint(path: str, script: str, training: bool = False) -> dict:
     return ckpt
 
 
-def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
-    """--resume: the run's settings from the checkpoint (saying which typed ones it overrides), ``runtime_flags``
-    from the command line."""
+def resume(args, script: str, runtime_flags: set) -> dict | None:
+    """--resume's checkpoint (None without the flag), its run's settings put into ``args`` (saying which typed ones it
+    overrides); ``runtime_flags``, how and where to run, stay the command line's."""
+    if not args.resume:
+        return None
+    ckpt = load_checkpoint(args.resume, script, training=True)
     settings = {k: v for k, v in ckpt["args"].items() if k not in runtime_flags and hasattr(args, k)}
     # the flags on the command line, read from it: a typed value may equal the default (--no-x is x's)
     given = {w[2:].split("=")[0].replace("-", "_").removeprefix("no_") for w in sys.argv[1:] if w.startswith("--")}
@@ -338,6 +327,7 @@ def resume_args(args, ckpt: dict, runtime_flags: set) -> None:
         flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)} (the run's {settings[k]})" for k in typed)
         print(f"note: --resume continues the run with its own settings, not {flags}; start a new run to change them")
     vars(args).update(settings)
+    return ckpt
 
 
 def exit_if_done(ckpt: dict | None, num_iterations: int, path: str | None, is_main: bool = True) -> None:
@@ -371,11 +361,6 @@ def load_states(modules: dict, ckpt: dict, path: str, device: torch.device | Non
         gpu_utils.set_rng_state(ckpt["rng"][rank], device)
         if rank == 0:
             print(f"resumed {path} at step {ckpt['global_step']} (iteration {ckpt['iteration']})")
-
-
-def weights_finite(params) -> torch.Tensor:
-    """1.0 when every weight is finite, else 0.0, a device float read with the logged scalars (no sync of its own)."""
-    return torch.stack([p.isfinite().all() for p in params]).all().float()
 
 
 def mark_diverged(path: str) -> str:
@@ -463,6 +448,21 @@ def stop_on_signals(is_main: bool = True) -> list[str]:
     return STOP
 
 
+def open_run(
+    run_name: str, args, device: torch.device, step: int, ckpt: dict | None, is_main: bool = True
+) -> tuple[str, SummaryWriter | None, list[str]]:
+    """The run's folder (runs/<run_name>, or the resumed checkpoint's) with its lock, its logs (the main process's
+    TensorBoard writer, and W&B with --track; None elsewhere), and from now on a stop signal stops the run after its
+    iteration, with a checkpoint (``stop_on_signals``'s list). A folder in use or not writable: one line, exit 2."""
+    try:
+        run_dir = run_folder(run_name, args.resume, is_main)
+        writer = open_logs(run_dir, args, device, step, ckpt and ckpt["wandb_id"]) if is_main else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return run_dir, writer, stop_on_signals(is_main)
+
+
 def run_folder(run_name: str, resume: str | None, is_main: bool = True) -> str:
     """The checkpoint's folder on --resume, else a new runs/<run_name>; the main process holds its lock."""
     if resume:
@@ -516,13 +516,6 @@ def wandb_id(previous: str | None) -> str | None:
     return wandb.run.id if wandb is not None and wandb.run is not None else previous
 
 
-def log_video(path: str | None) -> None:
-    """Send a video that a VideoRecorder wrote to W&B (TensorBoard does not show mp4 files)."""
-    wandb = sys.modules.get("wandb")
-    if path and wandb is not None and wandb.run is not None:
-        wandb.log({"videos": wandb.Video(path)}, commit=False)
-
-
 def log_machine(writer, step: int, cpu_share: gpu_utils.CpuShare, monitor: gpu_utils.GPUMonitor) -> None:
     """Take this run's share of the CPUs anew (another run may have started or ended), then log the GPU's use since
     the last call and the torch threads (``writer`` None: a torchrun process other than the first)."""
@@ -531,15 +524,6 @@ def log_machine(writer, step: int, cpu_share: gpu_utils.CpuShare, monitor: gpu_u
     scalars = monitor.collect() | {"threads/torch": torch.get_num_threads()}
     for key, value in scalars.items() if writer is not None else ():
         writer.add_scalar(key, value, step)
-
-
-def show_progress(pbar: tqdm, step: int, sps: float, text: str, line: str | None = None) -> None:
-    """Move the progress bar to ``step`` with the SPS and ``text`` beside it; without a bar, print ``line`` (when
-    given) with them."""
-    pbar.set_postfix_str(f"SPS={sps:,.0f} {text}", refresh=False)
-    pbar.update(step - pbar.n)
-    if pbar.disable and line:
-        print(f"{line}: step {step}, SPS {sps:,.0f}, {text}")
 
 
 def save_checkpoint(path: str | os.PathLike, **state) -> bool:
@@ -571,11 +555,19 @@ def save_checkpoint(path: str | os.PathLike, **state) -> bool:
     return True
 
 
-def end_run(writer, run_dir: str, step: int, total_steps: int, started: float, diverged: bool) -> None:
-    """The end of a run: peak GPU memory, the done line, logs closed; stop signals ignored from here (a SIGTERM in the
-    teardown would end a finished run with 143). Diverged: the checkpoint marked so, one error line, status 1."""
+def end_run(
+    writer, run_dir: str, step: int, total_steps: int, started: float, diverged: bool, model: dict | None = None
+) -> None:
+    """The end of a run: ``model`` (--save-model's state, with the script and args) saved to <exp_name>.model unless
+    the run diverged, the peak GPU memory, the done line, the logs closed; stop signals ignored from here (a SIGTERM
+    in the teardown would end a finished run with 143). Diverged: the checkpoint marked so, one error line, status 1.
+    ``writer`` None: a torchrun process other than the first, which writes nothing."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if writer is not None and model is not None and not diverged:
+        model_path = os.path.join(run_dir, f"{model['args']['exp_name']}.model")
+        if save_checkpoint(model_path, **model):
+            print(f"model saved to {model_path}")
     if writer is not None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             peak = torch.cuda.max_memory_allocated() / 2**20
@@ -649,4 +641,7 @@ class VideoRecorder:
             print(f"warning: video {path} not written ({gpu_utils.first_line(exc)}); the run goes on", file=sys.stderr)
             path = None
         self.frames = []
+        wandb = sys.modules.get("wandb")
+        if path and wandb is not None and wandb.run is not None:  # W&B shows it; TensorBoard does not show mp4 files
+            wandb.log({"videos": wandb.Video(path)}, commit=False)
         return path

@@ -5,14 +5,14 @@ the script runs it.
     python dev/profile_atari.py --gpu true --out benchmark/results  # any of ppo_atari.py's flags sets the run
 
 Each phase is ppo_atari.py's own code: its make_envs, EpisodeTracker, Agent and ppo_loss, and the policy_step,
-receive and update_step functions of its main block, compiled here from the script's source (they are not
+receive, backward and update functions of its main block, compiled here from the script's source (they are not
 importable); the rollout loop around them is the training loop's, re-created here.
 
   env      AtariVectorEnv.step alone, random actions (the raw ceiling)
   policy   the observations to the device, the policy step, the actions back to the host
   rollout  the training loop's rollout, per vector step: in one group (--no-overlap-envs) and in two halves that take
            turns (the default)
-  update   one iteration: update_epochs x num_minibatches calls of update_step
+  update   one iteration: update_epochs x num_minibatches calls of update
 
 each eager and compiled as the device runs it best: --compile on a CPU, --compile --cudagraphs on CUDA (the update one
 CUDA graph per minibatch step).
@@ -114,7 +114,7 @@ def env_groups(a, groups: int, threads: int, buffers: dict, agent, device):
         buffers["host_obs_np"][rows], info = group.reset(seed=a.seed + rows.start)
         trackers.append(ppo_atari.EpisodeTracker(rows.stop - rows.start, info["lives"]))
     buffers["next_obs"].copy_(buffers["host_obs"])
-    scope = dict(env_groups=envs, env_rows=env_rows, trackers=trackers, games=[], recorder=None)
+    scope = dict(env_groups=envs, env_rows=env_rows, trackers=trackers, recorder=None)
     receive = from_script("receive", **buffers, **scope, agent=agent, args=a, device=device)
     return env_rows, envs, receive
 
@@ -139,22 +139,23 @@ def collect(a, env_rows, envs, receive, policy_step, b: dict) -> None:
 
 
 def time_update(a, agent, loss_fn, buffers: dict, graph: bool, iterations: int, device) -> float:
-    """ms of one iteration's update as the script runs it (its update_step), with a fresh Adam as the script makes
-    it, so that each variant starts from the same weights' state."""
+    """ms of one iteration's update as the script runs it (its update, through its micro-batches and its CUDA graph),
+    with a fresh Adam as the script makes it, so that each variant starts from the same weights' state."""
     params = list(agent.parameters())
-    learning_rate = gpu_utils.learning_rate_tensor(a.learning_rate, device)
-    optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=graph)
-    micro = gpu_utils.MicroBatch(a.minibatch_size)
-    scope = dict(optimizer=optimizer, micro=micro, params=params, distributed=False, world_size=1)
-    update_step = from_script("update_step", **buffers, **scope, agent=agent, loss_fn=loss_fn, args=a)
-    update_step = gpu_utils.CudaGraph(update_step, enabled=graph, name="update")
+    learning_rate = torch.tensor(a.learning_rate, dtype=torch.float64 if device.type == "cpu" else torch.float32)
+    optimizer = torch.optim.Adam(params, lr=learning_rate.to(device), eps=1e-5, fused=True, capturable=graph)
+    backward = from_script("backward", agent=agent, loss_fn=loss_fn, args=a)
+    micro_batches = gpu_utils.MicroBatches(backward, a.micro_batch, a.minibatch_size, optimizer.zero_grad)
+    scope = dict(optimizer=optimizer, micro_batches=micro_batches, params=params, distributed=False, world_size=1)
+    update = from_script("update", **buffers, **scope, args=a)
+    update_step = gpu_utils.CudaGraph(update, enabled=graph, name="update")
     size = a.num_envs * a.num_steps
 
     def iteration():
         for _epoch in range(a.update_epochs):
             b_inds = torch.randperm(size, device=device)
             for start in range(0, size, a.minibatch_size):
-                gpu_utils.halve_on_oom(update_step, micro, b_inds[start : start + a.minibatch_size])
+                update_step(b_inds[start : start + a.minibatch_size])
 
     return statistics.median(timed(iteration, iterations - 1, device, warmup=1)) * 1000
 
@@ -196,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--num-envs must be at least 2 (two halves are timed), got {a.num_envs}": a.num_envs >= 2,
             }
         )
-        device, _ = run_utils.select_device(a)
-    gpu_utils.enable_tf32(a.tf32, a.torch_deterministic)
+        device, _ = run_utils.select_device(a)  # and TF32, as the script sets it
     threads = gpu_utils.thread_budget(a.num_threads).threads
     gpu_utils.limit_threads(threads)
     threads = min(a.env_threads or threads, a.num_envs)  # the envs' threads, as the script counts them

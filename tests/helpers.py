@@ -97,14 +97,14 @@ def run_in_process(script, args, cwd) -> subprocess.CompletedProcess:
     fresh interpreter too, where output at import time would show."""
     import gpu_utils
 
-    def past_the_checks(*args, **kwargs):  # every script's first call once its input is accepted
+    def past_the_checks(*args, **kwargs):  # every script's first call once its input is accepted (eval's too)
         raise AssertionError(f"{script} {' '.join(command[1:])} got past its checks: run it in a subprocess")
 
     command = [str(script), *map(str, args)]
     stdout, stderr = io.StringIO(), io.StringIO()
-    argv, here, enable_tf32 = sys.argv, os.getcwd(), gpu_utils.enable_tf32
+    argv, here, limit_threads = sys.argv, os.getcwd(), gpu_utils.limit_threads
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # run_utils.stop_in_one_line's
-    sys.argv, gpu_utils.enable_tf32 = command, past_the_checks
+    sys.argv, gpu_utils.limit_threads = command, past_the_checks
     status = 0
     try:
         os.chdir(cwd)
@@ -113,7 +113,7 @@ def run_in_process(script, args, cwd) -> subprocess.CompletedProcess:
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     finally:
-        sys.argv, gpu_utils.enable_tf32 = argv, enable_tf32
+        sys.argv, gpu_utils.limit_threads = argv, limit_threads
         os.chdir(here)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -132,7 +132,8 @@ def assert_one_line_error(res, *words):
 
 
 # `python -c AT_UPDATE <action> <n> <script> args...` runs the script as __main__ and, at the n-th call of its update
-# step (the gpu_utils.CudaGraph that every script trains through: a PPO minibatch step, a Snake training step), does
+# step (the gpu_utils.CudaGraph that every script trains through: a PPO minibatch step, a Snake training step; not
+# Snake's acting step), does
 # <action> first: "sigterm" sends this process SIGTERM (a stop that arrives during that iteration); "garble"
 # overwrites every runs/*/checkpoint.pt with bytes that are no checkpoint; "crash" raises a RuntimeError (a bug, say)
 AT_UPDATE = """
@@ -143,6 +144,8 @@ when = int(sys.argv.pop(1))
 call = gpu_utils.CudaGraph.__call__
 calls = []
 def counted(self, *args):
+    if self.name == "acting step":
+        return call(self, *args)
     calls.append(1)
     if len(calls) == when and action == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)

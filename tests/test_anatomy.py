@@ -114,7 +114,8 @@ def test_same_runtime_flags_lifecycle_calls_log_keys_and_messages(script):
     # the files it writes name the script, and a file of another script is refused by that name
     name = script[: -len(".py")]
     assert f'script="{name}"' in main
-    assert f'"{name}"' in re.sub(r"\(\s+", "(", re.sub(r"\s+", " ", main.split("load_checkpoint(", 1)[1]))[:80]
+    assert f'run_utils.resume(args, "{name}", RUNTIME_FLAGS)' in main
+    assert f'run_utils.load_checkpoint(args.eval_checkpoint, "{name}")' in text
     # no script keeps its own copy of what run_utils holds
     tree_names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     copies = {"save_checkpoint", "mark_diverged", "weights_finite", "load_weights", "VideoRecorder"} & tree_names

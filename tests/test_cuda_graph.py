@@ -189,35 +189,62 @@ def test_an_out_of_memory_back_off_during_the_warm_up_leaves_adams_state_made_ea
 
     states_at_capture = []
     RecordingCapture.on_capture = lambda: states_at_capture.append(len(optimizer.state))
-    micro = gpu_utils.MicroBatch(16)
     data_x = torch.randn(16, 8)
     data_y = data_x.sum(-1, keepdim=True)
 
-    def update(rows):
+    def backward(rows, weight):
+        (loss_of(*rows) * weight).backward()
+        return {}
+
+    micro = gpu_utils.MicroBatches(backward, "auto", 16, optimizer.zero_grad)
+
+    def update(rows):  # as the scripts compose it: the back-off inside the step, before the optimizer's
         optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(rows), micro.rows):
-            part = rows[start : start + micro.rows]
-            (loss_of(data_x[part], data_y[part]) * len(part) / len(rows)).backward()
+        micro((data_x[rows], data_y[rows]))
         optimizer.step()
         return torch.zeros(())
 
     step = gpu_utils.CudaGraph(update, warmup=3, name="update")
     for _ in range(5):
-        gpu_utils.halve_on_oom(step, micro, torch.arange(16))
+        step(torch.arange(16))
     assert micro.rows == 2 and states_at_capture == [len(params)], (micro.rows, states_at_capture)
+
+
+def test_a_warm_up_call_that_raised_is_not_counted(monkeypatch):
+    """Only a warm-up call that returned counts: an error in one (an out-of-memory error outside a back-off, say)
+    leaves the step's state as it was, and the capture must come after ``warmup`` steps that ran."""
+    for name in ("Stream", "CUDAGraph", "stream", "current_stream", "graph", "is_current_stream_capturing"):
+        monkeypatch.setattr(torch.cuda, name, getattr(RecordingCapture, name))
+    monkeypatch.setattr(gpu_utils.CudaGraph, "warmup_stream", None)
+    ran = []
+    RecordingCapture.on_capture = lambda: ran.append("capture")
+
+    def fn(x):
+        if len(ran) < 2:
+            ran.append("raised")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        ran.append("ran")
+        return x + 1
+
+    step = gpu_utils.CudaGraph(fn, warmup=2)
+    for _ in range(5):
+        with contextlib.suppress(torch.cuda.OutOfMemoryError):
+            step(torch.ones(2))
+    assert ran[:5] == ["raised", "raised", "ran", "ran", "capture"], ran
 
 
 def test_an_out_of_memory_error_while_a_graph_captures_is_not_retried_there(monkeypatch):
     """A capture records kernels without running them: an out-of-memory error in it fails the capture (the step then
     runs eagerly, where the back-off halves it), never a halving and an empty_cache() in the middle of the capture."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
-    micro = gpu_utils.MicroBatch(8)
 
-    def step(rows):
+    def backward(rows, weight):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
 
+    micro = gpu_utils.MicroBatches(backward, "auto", 8, lambda: None)
     with pytest.raises(torch.cuda.OutOfMemoryError):
-        gpu_utils.halve_on_oom(step, micro, torch.arange(8))
+        micro((torch.arange(8),))
     assert micro.rows == 8 and emptied == []

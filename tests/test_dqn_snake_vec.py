@@ -383,7 +383,7 @@ def test_replay_buffer_wraps_around():
     assert rb.rewards.tolist() == [5.0, 1.0, 2.0, 3.0, 4.0]
     assert rb.obs[:, 0, 0, 0].tolist() == [5, 1, 2, 3, 4] and rb.next_obs[0, 0, 0, 0] == 105
     assert rb.terminated.tolist() == [True, False, False, False, False]
-    assert (int(rb.ptr), int(rb.size), rb.added) == (1, 5, 6)
+    assert (int(rb.ptr), int(rb.size)) == (1, 5)
     obs, actions, rewards, next_obs, term, disc = rb.sample(64, torch.Generator().manual_seed(0))
     assert torch.equal(obs[:, 0, 0, 0].long(), actions) and torch.equal(rewards, actions.float())
     assert set(actions.tolist()) <= {1, 2, 3, 4, 5}

@@ -223,40 +223,59 @@ def test_estimate_memory_measures_activations():
         gpu_utils.estimate_memory(model, "lbfgs")
 
 
-def test_halve_on_oom_halves_the_micro_batch_until_the_step_fits(capsys):
-    """A step that runs out of memory above 4 rows per backward pass: its micro-batch halves 32 -> 16 -> 8 -> 4, the
-    step starts over each time (from cleared gradients), the back-off is said once and kept for the log."""
+def test_micro_batches_halve_until_the_backward_passes_fit(capsys):
+    """Backward passes that run out of memory above 4 rows: the micro-batch halves 32 -> 16 -> 8 -> 4, the minibatch
+    starts over each time (from cleared gradients), the back-off is said once and kept for the log."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     x, y = torch.randn(37, 8), torch.randn(37, 1)
     ((model(x) - y) ** 2).mean().backward()
     full = [p.grad.clone() for p in model.parameters()]
-    micro = gpu_utils.MicroBatch(32)
     tried = []
 
-    def step(rows):
-        model.zero_grad(set_to_none=True)
-        tried.append(micro.rows)
-        for start in range(0, len(rows), micro.rows):
-            chunk = rows[start : start + micro.rows]
-            if len(chunk) > 4:
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-            (((model(x[chunk]) - y[chunk]) ** 2).mean() * len(chunk) / len(rows)).backward()
-        return "done"
+    def backward(rows, weight):
+        tried.append(len(rows[0]))
+        if len(rows[0]) > 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        (((model(rows[0]) - rows[1]) ** 2).mean() * weight).backward()
+        return {"rows": torch.tensor(float(len(rows[0])))}
 
-    assert gpu_utils.halve_on_oom(step, micro, torch.arange(37)) == "done"
-    assert tried == [32, 16, 8, 4] and micro.rows == 4 and micro.backoffs == [(32, 4)]
+    micro = gpu_utils.MicroBatches(backward, "32", 37, model.zero_grad)
+    model.zero_grad(set_to_none=True)
+    stats = micro((x, y))
+    assert tried[:4] == [32, 16, 8, 4] and micro.rows == 4 and micro.backoffs == [(32, 4)]
+    assert stats["rows"] == pytest.approx(9 * 4 * 4 / 37 + 1 / 37)  # each slice's statistics weighted by its rows
     assert capsys.readouterr().out == "micro-batch: CUDA out of memory at 32 rows, now 4 rows per backward pass\n"
-    for g_full, p in zip(full, model.parameters()):  # the chunks done before each OOM were thrown away
+    for g_full, p in zip(full, model.parameters()):  # the slices done before each OOM were thrown away
         torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)
-    assert gpu_utils.halve_on_oom(step, micro, torch.arange(37)) == "done" and micro.backoffs == [(32, 4)]
-    assert capsys.readouterr().out == ""  # it fits now: nothing more said
+    model.zero_grad(set_to_none=True)
+    micro((x, y))
+    assert micro.backoffs == [(32, 4)] and capsys.readouterr().out == ""  # it fits now: nothing more said
 
-    def always_oom(rows):
+    def always_oom(rows, weight):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
 
     with pytest.raises(torch.cuda.OutOfMemoryError):  # one row that does not fit is a real error
-        gpu_utils.halve_on_oom(always_oom, gpu_utils.MicroBatch(8), torch.arange(8))
+        gpu_utils.MicroBatches(always_oom, "auto", 8, model.zero_grad)((x[:8],))
+
+
+def run_args(**changes) -> argparse.Namespace:
+    """The settings run_utils.shared_checks reads, valid unless ``changes`` say otherwise."""
+    args = dict(seed=1, resume=None, eval_checkpoint=None, learning_rate=1e-3, max_grad_norm=0.5, eval_episodes=1)
+    args |= dict(checkpoint_every=1, exp_name="x", micro_batch="auto", num_threads=0)
+    return argparse.Namespace(**(args | changes))
+
+
+def test_micro_batches_auto_is_the_whole_minibatch_and_n_at_most_it():
+    def backward(rows, weight):
+        return {}
+
+    assert gpu_utils.MicroBatches(backward, "auto", 256, None).rows == 256
+    assert gpu_utils.MicroBatches(backward, "64", 256, None).rows == 64
+    assert gpu_utils.MicroBatches(backward, " 1000 ", 256, None).rows == 256
+    for bad in ("0", "-3", "half", "²"):  # refused before a run starts, with the other shared settings
+        with pytest.raises(ValueError, match="--micro-batch"):
+            run_utils.check(run_utils.shared_checks(run_args(micro_batch=bad)))
 
 
 def test_compile_policy_leaves_an_eager_policy_alone():
@@ -264,15 +283,6 @@ def test_compile_policy_leaves_an_eager_policy_alone():
         return x + 1
 
     assert gpu_utils.compile_policy(policy, compile=False, cudagraphs=False) is policy
-
-
-def test_parse_micro_batch():
-    assert gpu_utils.parse_micro_batch("auto", 256) == 256
-    assert gpu_utils.parse_micro_batch("64", 256) == 64
-    assert gpu_utils.parse_micro_batch("1000", 256) == 256
-    for bad in ("0", "-3", "half"):
-        with pytest.raises(BatchSizeError, match="--micro-batch"):
-            gpu_utils.parse_micro_batch(bad, 256)
 
 
 def test_enable_tf32_and_limit_threads_on_cpu(monkeypatch):
@@ -743,8 +753,8 @@ def test_odd_digits_in_flags_and_variables_are_one_line_errors_or_ignored(fake_g
         select_device("²")
     with pytest.raises(BatchSizeError, match="'auto' or a positive integer"):
         choose_batch_size(12, "²")
-    with pytest.raises(BatchSizeError, match="--micro-batch"):
-        gpu_utils.parse_micro_batch("²", 16)
+    with pytest.raises(ValueError, match="--micro-batch"):
+        run_utils.check(run_utils.shared_checks(run_args(micro_batch="²")))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "²")
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
