@@ -4,8 +4,10 @@ verbatim (.ci/run reads the test command from it), each script's page explains e
 logs and no other, and docs/anatomy.md lists the shared flags as --help does."""
 
 import ast
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -217,3 +219,40 @@ def test_anatomy_lists_the_shared_flags_as_help_does():
     text = " ".join((ROOT / "docs" / "anatomy.md").read_text().split())
     listed = text.split("in the same order and wording:")[1].split("; then each script's own")[0]
     assert re.findall(r"`(--[\w-]+)`", listed) == run_args_flags()
+
+
+def run_worked_example(tmp_path, heading: str, script: str, args: list[str]) -> subprocess.CompletedProcess:
+    """``script`` with the diff under ``heading`` in docs/anatomy.md applied (by git apply), run from ``tmp_path``
+    with this checkout's modules."""
+    section = (ROOT / "docs" / "anatomy.md").read_text().split(f"## {heading}", 1)[1]
+    diff = section.split("```diff\n", 1)[1].split("```", 1)[0]
+    assert 1 <= diff.count("@@ -") <= 2, "the worked example is at most 2 hunks"
+    (tmp_path / script).write_text((ROOT / script).read_text())
+    (tmp_path / "example.diff").write_text(f"--- a/{script}\n+++ b/{script}\n{diff}")
+    subprocess.run(["git", "apply", "example.diff"], cwd=tmp_path, check=True, capture_output=True)
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, script, "--no-progress-bar", "--gpu", "false", *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_the_kl_penalty_example_applies_and_runs(tmp_path):
+    args = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"]
+    args += ["--total-timesteps", "64", "--kl-coef", "0.5"]
+    res = run_worked_example(tmp_path, "Changing the algorithm: a KL penalty", "ppo_atari.py", args)
+    assert res.returncode == 0 and "warning" not in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "kl_coef                    0.5" in res.stdout  # the config lists it, from the command line
+
+
+def test_the_state_dependent_log_std_example_applies_and_keeps_the_rollout_and_the_loss_together(tmp_path):
+    """Two hunks in Agent: the rollout, the loss and the evaluation take it from Agent.policy, so the first
+    minibatches' ratios stay 1 up to rounding (before #59, 5 hunks, and an edit of the network and loss alone
+    sampled the rollout from the old log-std without a word)."""
+    from helpers import scalars
+
+    args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1"]
+    heading = "Changing the network: a state-dependent log-std"
+    res = run_worked_example(tmp_path, heading, "ppo_continuous.py", [*args, "--total-timesteps", "256"])
+    assert res.returncode == 0 and "warning" not in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    errors = [value for _, value in scalars(run_dir)["losses/initial_ratio_error"]]
+    assert len(errors) == 4 and max(errors) < 1e-6, errors

@@ -530,3 +530,26 @@ def test_mujoco_warns_once_and_writes_no_log_file(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("settotalmass") == 1, res.stderr
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def test_a_loss_that_scores_another_policy_than_the_rollout_says_so_in_its_first_iteration(tmp_path):
+    """The CleanRL habit of editing the network and the loss alone: a log-std head that ppo_loss uses while the rollout
+    still samples Agent.policy's. Before, the run went to its end without a word (only losses/initial_ratio_error
+    showed it); now its first iteration says so in one line on stdout, once."""
+    text = Path(SCRIPT).read_text()
+    network = "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n"
+    loss = "    pi = agent.policy(obs)\n"
+    assert network in text and loss in text
+    text = text.replace(network, network + "        self.logstd_head = mlp(obs_dim, hidden, act_dim, out_std=0.01)\n")
+    text = text.replace(loss, "    pi = Gaussian(agent.mean(obs), agent.run(agent.logstd_head, obs))\n")
+    (tmp_path / "edited.py").write_text(text)
+    env = {**ENV, "PYTHONPATH": os.path.dirname(os.path.abspath(SCRIPT))}
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "256", *TINY]
+    res = subprocess.run([sys.executable, "edited.py", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    warnings = [line for line in res.stdout.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1, res.stdout
+    assert "the loss scores the rollout's actions" in warnings[0] and "one distribution (Agent.policy)" in warnings[0]
+    (tmp_path / "unedited").mkdir()
+    unedited = run(tmp_path / "unedited", "--env-id", "Pendulum-v1", "--total-timesteps", "128", *TINY)
+    assert unedited.returncode == 0 and "warning" not in unedited.stdout
