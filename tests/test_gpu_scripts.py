@@ -104,12 +104,31 @@ def test_snake_training_step_as_one_cuda_graph_learns_as_the_eager_step(tmp_path
         cwd = tmp_path / name
         cwd.mkdir()
         out = run("dqn_snake_vec.py", [*args, *flags], cwd)
-        if name == "graph":
-            assert "training step: one CUDA graph" in out
+        if name == "graph":  # the acting step too, captured once the n-step ring is full (#59)
+            assert "training step: one CUDA graph" in out and "acting step: one CUDA graph" in out
         (model,) = (cwd / "runs").glob("*/dqn_snake_vec.model")
         weights[name] = torch.load(model, weights_only=True)["model"]
     for key, eager in weights["eager"].items():
         torch.testing.assert_close(weights["graph"][key], eager, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_a_minibatch_split_into_micro_batches_is_one_cuda_graph_and_learns_as_the_eager_one(tmp_path):
+    """Since #59 a graph holds the backward passes of a split minibatch (before, --micro-batch below the minibatch kept
+    the update eager): --cudagraphs --micro-batch 48 (backward passes of 48, 48, 32 rows) learns the weights that
+    --compile learns with the same micro-batches, up to float rounding."""
+    import torch
+
+    args = ["--env-id", "Pendulum-v1", "--preset", "fast", "--num-envs", 2, "--num-steps", 64, "--update-epochs", 2]
+    args += ["--minibatch-size", 128, "--micro-batch", 48, "--total-timesteps", 384, "--no-tf32", "--save-model"]
+    models = {}
+    for flag in ["--compile", "--cudagraphs"]:
+        (tmp_path / flag).mkdir()
+        out = run("ppo_continuous.py", [*args, flag, "--gpu", "true"], tmp_path / flag)
+        assert ("update: one CUDA graph" in out) == (flag == "--cudagraphs"), out[-2000:]
+        (model,) = (tmp_path / flag / "runs").glob("*/ppo_continuous.model")
+        models[flag] = torch.load(model, weights_only=True)["model"]
+    for key, weight in models["--compile"].items():
+        torch.testing.assert_close(models["--cudagraphs"][key], weight, atol=1e-5, rtol=1e-4, msg=key)
 
 
 # a CPU run that leaves a checkpoint, then its resume on the GPU for a few more iterations: (the CPU run's arguments,
