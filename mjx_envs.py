@@ -214,29 +214,54 @@ TASKS: dict[str, type] = {
 # gymnasium's XMLs leave MuJoCo's Newton solver at 100 iterations and 50 line-search iterations. In float32 its
 # tolerance (1e-8) is not always reached, so some worlds run on with no visible change, and under jax.vmap every
 # world waits for the slowest. The fast setting caps them: mjOption fields set on the model before mjx.put_model, per
-# task the cheapest whose one-step errors stayed as close to gymnasium's as the exact setting's
-# (benchmark/mjx_fidelity.py; the table, the rule and what was not measured: docs/mjx.md, "Fast physics"). A task
-# without an entry has no measured setting.
+# task the cheapest whose one step departs from exact's no more than exact's departs from gymnasium's (p99 and max)
+# on every class of states the task reaches with its default arguments: limits active, knife-edge, fast, fallen
+# where it steps on (benchmark/mjx_fidelity.py; the table, the rule and what was not measured: docs/mjx.md, "Fast
+# physics"). A task without an entry has no setting that passed.
 FAST_PHYSICS: dict[str, dict[str, int]] = {
-    "HalfCheetah-v5": {"iterations": 8, "ls_iterations": 16},  # 4,8 moved a few fast states' velocities by up to 0.5
-    "Hopper-v5": {"iterations": 4, "ls_iterations": 8},  # 2,4 moved some by up to 0.23
-    "InvertedPendulum-v5": {"iterations": 1, "ls_iterations": 4},  # within 2.4e-7 of exact (random policy)
+    "HalfCheetah-v5": {"iterations": 6, "ls_iterations": 12},  # 4,8 moved a bang-bang state's velocity by 4.4
+    "Hopper-v5": {"iterations": 4, "ls_iterations": 8},  # 3,6 moved states with a joint limit active by 1.4e-3
+    "InvertedPendulum-v5": {"iterations": 2, "ls_iterations": 4},  # 1,4 moved the cart at the rail's end by 1.3e-2
 }
 PHYSICS = ("exact", "fast")
 
 
-def physics_options(env_id: str, physics: str) -> dict[str, int]:
-    """The mjOption fields ``physics`` sets on ``env_id``'s model: none for "exact" (the XML as gymnasium ships it),
-    FAST_PHYSICS's for "fast"."""
+def physics_options(env_id: str, physics: str, task: Any = None) -> dict[str, int]:
+    """The mjOption fields ``physics`` sets on ``env_id``'s model, a dict of the caller's own: none for "exact" (the
+    XML as gymnasium ships it), FAST_PHYSICS's for "fast". ``task``: the rules the worlds will follow (make_task's),
+    for "fast" only with health rules that end every episode the defaults end."""
     if physics not in PHYSICS:
         raise MJXEnvError(
             f"physics must be 'exact' (gymnasium's XML as it ships) or 'fast' (docs/mjx.md), not {physics!r}"
         )
-    if physics == "fast" and env_id not in FAST_PHYSICS:
+    if physics == "exact":
+        return {}
+    if env_id not in FAST_PHYSICS:
         *others, last = FAST_PHYSICS
-        measured = f"{', '.join(others)} and {last}"
+        measured = f"{', '.join(others)} and {last}" if others else last
         raise MJXEnvError(f"physics='fast' is measured for {measured} only: use 'exact' for {env_id} (docs/mjx.md)")
-    return FAST_PHYSICS[env_id] if physics == "fast" else {}
+    beyond = _beyond_default_health(task) if task is not None else []
+    if beyond:
+        raise MJXEnvError(
+            f"physics='fast' is measured on the states {env_id} reaches with its default health rules, not with "
+            f"{', '.join(beyond)}: drop it or use physics='exact' (docs/mjx.md)"
+        )
+    return dict(FAST_PHYSICS[env_id])  # a copy: a caller's change must not reach the worlds built after it
+
+
+def _beyond_default_health(task) -> list[str]:
+    """The task's arguments that let a world step on from states its defaults end (a fallen Hopper): a fast cap
+    passed on the states the defaults reach can depart from exact there, as Hopper's 4,8 did on fallen states."""
+    default = type(task)()
+    beyond = []
+    if getattr(default, "terminate_when_unhealthy", False) and not task.terminate_when_unhealthy:
+        beyond.append("terminate_when_unhealthy=False")
+    for field in dataclasses.fields(task):
+        if field.name.startswith("healthy_") and field.name.endswith("_range"):
+            (low, high), (default_low, default_high) = getattr(task, field.name), getattr(default, field.name)
+            if low < default_low or high > default_high:  # a narrower range ends episodes sooner: fewer states
+                beyond.append(f"{field.name}={getattr(task, field.name)!r}")
+    return beyond
 
 
 def make_task(env_id: str, **task_kwargs: Any):
@@ -391,7 +416,7 @@ class MJXVectorEnv:
         task_kwargs: gymnasium's constructor arguments (``ctrl_cost_weight=0.2``, ``reset_noise_scale=...``).
         """
         self.task = make_task(env_id, **task_kwargs)
-        options = physics_options(env_id, physics)
+        options = physics_options(env_id, physics, self.task)
         if num_envs < 1:
             raise MJXEnvError(f"num_envs must be at least 1, not {num_envs}")
         if max_episode_steps is None:

@@ -181,7 +181,7 @@ class RunsCode:
 
 def save_checkpoint_with_code(path, marker, **state) -> None:
     """A checkpoint.pt with the keys a script writes (``state``) and a payload that creates the folder ``marker``
-    when the file is unpickled with code allowed (``torch.load(weights_only=False)``)."""
+    when the file is unpickled with code allowed (torch.load with weights_only off)."""
     import torch
 
     torch.save({"model": {}, "args": {}, **state, "note": RunsCode(str(marker))}, path)

@@ -412,6 +412,41 @@ def test_a_physics_setting_other_than_exact_or_fast_is_one_line():
     )
 
 
+def test_physics_options_hands_out_a_copy_that_leaves_fast_physics_as_it_was(monkeypatch):
+    """Before: physics_options returned FAST_PHYSICS's own dict, so a caller that changed what it got changed the
+    setting of every world built after it (benchmark/mjx_fidelity.py did)."""
+    env_id = next(iter(mjx_envs.FAST_PHYSICS))
+    monkeypatch.setitem(mjx_envs.FAST_PHYSICS, env_id, dict(mjx_envs.FAST_PHYSICS[env_id]))  # restored after
+    before = dict(mjx_envs.FAST_PHYSICS[env_id])
+    handed_out = mjx_envs.physics_options(env_id, "fast")
+    assert handed_out == before
+    handed_out["iterations"] = 1
+    handed_out["disableflags"] = 1
+    assert mjx_envs.FAST_PHYSICS[env_id] == before
+    assert mjx_envs.physics_options(env_id, "fast") == before
+    mjx_envs.physics_options(env_id, "exact")["iterations"] = 1
+    assert mjx_envs.physics_options(env_id, "exact") == {}
+
+
+def test_fast_physics_is_refused_where_a_world_steps_on_from_states_the_defaults_end():
+    """The fast setting was measured on the states a task reaches with its defaults. A Hopper that steps on once
+    fallen (terminate_when_unhealthy=False) or stays healthy beyond the default ranges reaches states where the
+    cap departs from exact (docs/mjx.md): refused in one line that says what to change, before JAX is imported.
+    Narrower ranges end episodes sooner, so they reach fewer states, and are accepted."""
+    with pytest.raises(MJXEnvError) as fallen:
+        MJXVectorEnv("Hopper-v5", 4, physics="fast", terminate_when_unhealthy=False)
+    assert str(fallen.value) == (
+        "physics='fast' is measured on the states Hopper-v5 reaches with its default health rules, not with "
+        "terminate_when_unhealthy=False: drop it or use physics='exact' (docs/mjx.md)"
+    )
+    with pytest.raises(MJXEnvError, match=r"not with healthy_angle_range=\(-1.0, 1.0\): drop it or use"):
+        MJXVectorEnv("Hopper-v5", 4, physics="fast", healthy_angle_range=(-1.0, 1.0))
+    narrower = mjx_envs.make_task("Hopper-v5", healthy_angle_range=(-0.1, 0.1), healthy_z_range=(0.8, 2.0))
+    assert mjx_envs.physics_options("Hopper-v5", "fast", narrower) == mjx_envs.FAST_PHYSICS["Hopper-v5"]
+    unhealthy = mjx_envs.make_task("Hopper-v5", terminate_when_unhealthy=False)
+    assert mjx_envs.physics_options("Hopper-v5", "exact", unhealthy) == {}  # exact is gymnasium's: any arguments
+
+
 @needs_mjx
 @pytest.mark.parametrize("env_id", mjx_envs.FAST_PHYSICS)
 def test_fast_physics_sets_fewer_solver_iterations_on_the_model_and_exact_keeps_the_xmls(env_id):
