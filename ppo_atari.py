@@ -452,8 +452,14 @@ if __name__ == "__main__":
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before any split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-        minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages, b_returns[mb_inds])
-        minibatch += (b_values[mb_inds],)
+        minibatch = (
+            b_obs[mb_inds],
+            b_actions[mb_inds],
+            b_logprobs[mb_inds],
+            mb_advantages,
+            b_returns[mb_inds],
+            b_values[mb_inds],
+        )
         optimizer.zero_grad(set_to_none=True)
         stats = micro_batches(minibatch)  # backward(minibatch), or over slices of it
         if distributed:  # average the gradients over the processes, one flat all_reduce

@@ -254,15 +254,14 @@ class Gaussian:
         self.logstd = logstd
 
     def sample(self, noise):
-        """The actions mean + std * ``noise`` (standard normal) and their log-probabilities: the noise's log-density,
+        """The actions mean + std * ``noise`` (standard normal); their log-probabilities are ``log_density(noise)``,
         which a round trip through the actions would only round."""
-        actions = self.mean + self.logstd.exp() * noise
-        return actions, self.log_density(noise)
+        return self.mean + self.logstd.exp() * noise
 
     def log_prob(self, actions):
         return self.log_density((actions - self.mean) * torch.exp(-self.logstd))
 
-    def log_density(self, z):  # of the actions whose standardised values are z
+    def log_density(self, z):  # of the actions whose standardised values (sample's noise) are z
         return (-0.5 * z.pow(2) - self.logstd).sum(-1) - LOG_2PI_HALF * z.shape[-1]
 
     def entropy(self):
@@ -440,7 +439,7 @@ if __name__ == "__main__":
 
     @torch.no_grad()
     def policy_step(norm_obs, noise):
-        """The rollout's step: actions sampled from the policy with standard normal ``noise``, their log-probs."""
+        """The rollout's step: actions sampled from the policy with standard normal ``noise``."""
         return agent.policy(norm_obs).sample(noise)
 
     # --compile, --cudagraphs: the same step compiled (and then replayed as CUDA graphs)
@@ -481,8 +480,14 @@ if __name__ == "__main__":
         mb_advantages = b_advantages[mb_inds]
         if args.norm_adv:  # over the whole minibatch, before any split into micro-batches
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-        minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], mb_advantages, b_returns[mb_inds])
-        minibatch += (b_values[mb_inds],)
+        minibatch = (
+            b_obs[mb_inds],
+            b_actions[mb_inds],
+            b_logprobs[mb_inds],
+            mb_advantages,
+            b_returns[mb_inds],
+            b_values[mb_inds],
+        )
         optimizer.zero_grad(set_to_none=True)
         stats = micro_batches(minibatch)  # backward(minibatch), or over slices of it
         nn.utils.clip_grad_norm_(params, args.max_grad_norm)
@@ -509,11 +514,13 @@ if __name__ == "__main__":
                 global_step += args.num_envs
                 obs[step] = next_obs
                 dones[step] = next_done
-                actions[step], logprobs[step] = act(next_obs, noise[step])
+                actions[step] = act(next_obs, noise[step])
                 next_obs, rewards[step], next_done = envs.step(actions[step], agent.value, global_step)
 
-            # ---------------- advantages: the values in one batched pass
+            # ---------------- advantages: the values and log-probs in one batched pass each, not a few small ops
+            # a step (the log-probs from the noise: the same policy, by its log-density)
             b_values.copy_(agent.value(b_obs))
+            b_logprobs.copy_(agent.policy(b_obs).log_density(noise.view(-1, act_dim)))
             next_value = agent.value(next_obs)
             gae = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             advantages.copy_(gae[0])
