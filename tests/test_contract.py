@@ -789,3 +789,41 @@ def test_a_tiny_run_computes_the_stored_numbers(script, finished):
         assert [step for step, _ in events] == [step for step, _ in expected["scalars"][tag]], tag
         values = [value for _, value in expected["scalars"][tag]]
         assert [value for _, value in events] == pytest.approx(values, rel=1e-4, abs=1e-5, nan_ok=True), tag
+
+
+# `python -c IN_WANDB_INIT <what> <script> args...` runs the script as __main__ with a stand-in for wandb whose init,
+# called by run_utils.open_run under --track, either sends the process SIGTERM (what) = "stop", or raises
+# PermissionError as wandb does in a folder it cannot write (what = "unwritable")
+IN_WANDB_INIT = """
+import os, runpy, signal, sys, time, types
+what = sys.argv.pop(1)
+def init(**kwargs):
+    if what == "stop":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    raise PermissionError(13, "Permission denied", os.path.join(os.getcwd(), "wandb"))
+sys.modules["wandb"] = types.SimpleNamespace(init=init, run=None)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_stop_while_the_run_opens_its_logs_leaves_nothing_behind(script, tmp_path):
+    """A stop while the run opens its folder and logs (W&B's init can take seconds) ends the run at once, saying that
+    nothing was written, and so nothing is left: no run folder with a lock and no checkpoint. Before #63 the folder and
+    its .lock stayed behind."""
+    res = run_with(["-c", IN_WANDB_INIT, "stop"], script, [*TINY[script], "--track"], tmp_path)
+    assert res.returncode == 143, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == "stopped on SIGTERM: nothing was written", res.stderr[-2000:]
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_a_folder_the_run_cannot_write_its_logs_in_is_one_line(tmp_path):
+    """An OSError while the run opens its logs (W&B refusing an unwritable folder; as root a test cannot make one) is
+    one error line that says what to change, exit 2, and leaves no run folder. Before #63: a traceback."""
+    res = run_with(
+        ["-c", IN_WANDB_INIT, "unwritable"], "ppo_continuous", [*TINY["ppo_continuous"], "--track"], tmp_path
+    )
+    assert_one_line_error(res, "Permission denied", "writable")
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())

@@ -196,7 +196,7 @@ def test_an_out_of_memory_back_off_during_the_warm_up_leaves_adams_state_made_ea
         (loss_of(*rows) * weight).backward()
         return {}
 
-    micro = gpu_utils.MicroBatches(backward, "auto", 16, optimizer.zero_grad)
+    micro = gpu_utils.MicroBatches(backward, "auto", 16, params)
 
     def update(rows):  # as the scripts compose it: the back-off inside the step, before the optimizer's
         optimizer.zero_grad(set_to_none=True)
@@ -244,7 +244,7 @@ def test_an_out_of_memory_error_while_a_graph_captures_is_not_retried_there(monk
     def backward(rows, weight):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
 
-    micro = gpu_utils.MicroBatches(backward, "auto", 8, lambda: None)
+    micro = gpu_utils.MicroBatches(backward, "auto", 8, [])
     with pytest.raises(torch.cuda.OutOfMemoryError):
         micro((torch.arange(8),))
     assert micro.rows == 8 and emptied == []

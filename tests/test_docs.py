@@ -221,17 +221,19 @@ def test_anatomy_lists_the_shared_flags_as_help_does():
     assert re.findall(r"`(--[\w-]+)`", listed) == run_args_flags()
 
 
-def run_worked_example(tmp_path, heading: str, script: str, args: list[str]) -> subprocess.CompletedProcess:
+def run_worked_example(
+    tmp_path, heading: str, script: str, args: list[str], hunks: int = 2, prefix: tuple = ()
+) -> subprocess.CompletedProcess:
     """``script`` with the diff under ``heading`` in docs/anatomy.md applied (by git apply), run from ``tmp_path``
-    with this checkout's modules."""
+    with this checkout's modules (``prefix``: interpreter arguments before the script)."""
     section = (ROOT / "docs" / "anatomy.md").read_text().split(f"## {heading}", 1)[1]
     diff = section.split("```diff\n", 1)[1].split("```", 1)[0]
-    assert 1 <= diff.count("@@ -") <= 2, "the worked example is at most 2 hunks"
+    assert 1 <= diff.count("@@ -") <= hunks, f"the worked example is at most {hunks} hunks"
     (tmp_path / script).write_text((ROOT / script).read_text())
     (tmp_path / "example.diff").write_text(f"--- a/{script}\n+++ b/{script}\n{diff}")
     subprocess.run(["git", "apply", "example.diff"], cwd=tmp_path, check=True, capture_output=True)
     env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, script, "--no-progress-bar", "--gpu", "false", *args]
+    cmd = [sys.executable, *prefix, script, "--no-progress-bar", "--gpu", "false", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
 
 
@@ -256,3 +258,47 @@ def test_the_state_dependent_log_std_example_applies_and_keeps_the_rollout_and_t
     (run_dir,) = (tmp_path / "runs").iterdir()
     errors = [value for _, value in scalars(run_dir)["losses/initial_ratio_error"]]
     assert len(errors) == 4 and max(errors) < 1e-6, errors
+
+
+# `python -c STOP_AFTER_FIRST_ITERATION <script> args...`: the script as __main__, sent SIGTERM as its set-up ends (when
+# its GPU monitor starts), so that it stops after its first iteration with a checkpoint to resume
+STOP_AFTER_FIRST_ITERATION = """
+import os, runpy, signal, sys
+import gpu_utils
+start = gpu_utils.GPUMonitor.start
+def signalled(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return start(self)
+gpu_utils.GPUMonitor.start = signalled
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_the_critic_optimizer_example_applies_and_its_state_survives_a_resume(tmp_path):
+    """A separate critic optimizer in at most 4 hunks: the run saves and loads it with the other states (one list of
+    them), so a resumed run continues its Adam state rather than restarting it (#63: save and load each listed the
+    optimizer by hand, and a resume silently restarted the new one)."""
+    import torch
+
+    heading = "Changing the optimizer: a separate critic optimizer"
+    args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
+    args += ["--total-timesteps", "256", "--checkpoint-every", "0", "--save-model"]
+    stopped = run_worked_example(
+        tmp_path, heading, "ppo_continuous.py", args, hunks=4, prefix=("-c", STOP_AFTER_FIRST_ITERATION)
+    )
+    assert stopped.returncode == 0 and "stopping on SIGTERM" in stopped.stdout, stopped.stdout[-2000:]
+    (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoint.pt")
+    first = torch.load(ckpt_path, weights_only=True)
+    critic_steps = {float(s["step"]) for s in first["critic_optimizer"]["state"].values()}
+    assert critic_steps == {4.0}, critic_steps  # 2 epochs x 2 minibatches
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "ppo_continuous.py", "--no-progress-bar", "--gpu", "false", "--resume", str(ckpt_path)]
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0 and "warning" not in resumed.stdout, resumed.stdout[-2000:] + resumed.stderr
+    last = torch.load(ckpt_path, weights_only=True)
+    for key in ("optimizer", "critic_optimizer"):  # 4 iterations x 4 steps: each continued its own state
+        assert {float(s["step"]) for s in last[key]["state"].values()} == {16.0}, key
+    critic = [name for name in last["model"] if name.startswith("critic.")]
+    assert len(last["critic_optimizer"]["state"]) == len(critic)
+    assert len(last["optimizer"]["state"]) == len(last["model"]) - len(critic)

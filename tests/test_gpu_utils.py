@@ -240,7 +240,7 @@ def test_micro_batches_halve_until_the_backward_passes_fit(capsys):
         (((model(rows[0]) - rows[1]) ** 2).mean() * weight).backward()
         return {"rows": torch.tensor(float(len(rows[0])))}
 
-    micro = gpu_utils.MicroBatches(backward, "32", 37, model.zero_grad)
+    micro = gpu_utils.MicroBatches(backward, "32", 37, list(model.parameters()))
     model.zero_grad(set_to_none=True)
     stats = micro((x, y))
     assert tried[:4] == [32, 16, 8, 4] and micro.rows == 4 and micro.backoffs == [(32, 4)]
@@ -256,7 +256,7 @@ def test_micro_batches_halve_until_the_backward_passes_fit(capsys):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
 
     with pytest.raises(torch.cuda.OutOfMemoryError):  # one row that does not fit is a real error
-        gpu_utils.MicroBatches(always_oom, "auto", 8, model.zero_grad)((x[:8],))
+        gpu_utils.MicroBatches(always_oom, "auto", 8, list(model.parameters()))((x[:8],))
 
 
 def run_args(**changes) -> argparse.Namespace:
@@ -270,9 +270,9 @@ def test_micro_batches_auto_is_the_whole_minibatch_and_n_at_most_it():
     def backward(rows, weight):
         return {}
 
-    assert gpu_utils.MicroBatches(backward, "auto", 256, None).rows == 256
-    assert gpu_utils.MicroBatches(backward, "64", 256, None).rows == 64
-    assert gpu_utils.MicroBatches(backward, " 1000 ", 256, None).rows == 256
+    assert gpu_utils.MicroBatches(backward, "auto", 256, []).rows == 256
+    assert gpu_utils.MicroBatches(backward, "64", 256, []).rows == 64
+    assert gpu_utils.MicroBatches(backward, " 1000 ", 256, []).rows == 256
     for bad in ("0", "-3", "half", "²"):  # refused before a run starts, with the other shared settings
         with pytest.raises(ValueError, match="--micro-batch"):
             run_utils.check(run_utils.shared_checks(run_args(micro_batch=bad)))
@@ -893,3 +893,34 @@ def test_cli_says_a_bad_cuda_offset_in_one_line(tmp_path):
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
         "error: environment variable CUDA_OFFSET='x' must be an integer"
     ], res.stderr
+
+
+def test_a_back_off_clears_the_gradients_of_every_parameter_it_was_given():
+    """A separate critic optimizer (a common CleanRL hack): the back-off must clear the critic's gradients too, not
+    only those of the optimizer it was once handed (#63: it called ``optimizer.zero_grad``, so the critic's slices
+    done before the out-of-memory error stayed in its gradients and were added twice)."""
+    torch.manual_seed(0)
+    actor, critic = nn.Linear(4, 2), nn.Linear(4, 1)
+    x = torch.randn(16, 4)
+
+    def loss(rows):
+        return actor(rows).pow(2).mean() + critic(rows).pow(2).mean()
+
+    loss(x).backward()
+    full = [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()]]
+    for p in [*actor.parameters(), *critic.parameters()]:
+        p.grad = None
+    tried = []
+
+    def backward(rows, weight):
+        tried.append(len(rows[0]))
+        if len(tried) == 2:  # the second slice of 8 does not fit: the first slice's gradients must go
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        (loss(rows[0]) * weight).backward()
+        return {}
+
+    params = [*actor.parameters(), *critic.parameters()]
+    gpu_utils.MicroBatches(backward, "8", 16, params)((x,))
+    assert tried == [8, 8, 4, 4, 4, 4]
+    for g_full, p in zip(full, params):
+        torch.testing.assert_close(p.grad, g_full, atol=1e-6, rtol=1e-5)

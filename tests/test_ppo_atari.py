@@ -625,3 +625,44 @@ def test_torchrun_prints_progress_lines_from_the_first_process_only(torchrun_run
     """Without a progress bar each iteration's line comes once, from rank 0 (every other rank printed it too)."""
     _, out = torchrun_run
     assert out.stdout.count("iteration 2/2: step 128") == 1, out.stdout
+
+
+def test_a_rollout_that_acts_with_a_copy_never_synced_warns_once_naming_the_iteration(tmp_path):
+    """The rollout acts with a copy of the agent that no update reaches: iteration 1's ratios are 1 (the copy still
+    equals the agent), the later ones are not. Before #63 only the first iteration was checked: no warning."""
+    text = Path(SCRIPT).read_text()
+    params_line = "    params = list(agent.parameters())\n"
+    step_line = "        logits, value = agent(x)\n"
+    assert params_line in text and step_line in text
+    text = text.replace(params_line, params_line + "    actor = __import__('copy').deepcopy(agent)\n")
+    (tmp_path / "edited.py").write_text(text.replace(step_line, "        logits, value = actor(x)\n"))
+    args = [*TINY, "--total-timesteps", "96", "--learning-rate", "2.5e-3"]
+    res = run(args, tmp_path, script=str(tmp_path / "edited.py"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    errors = [value for _, value in scalars(run_dir)["losses/initial_ratio_error"]]
+    assert errors[0] < 1e-6 and min(errors[1:]) > ppo_atari.RATIO_ERROR_WARNING, errors
+    warnings = [line for line in res.stdout.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: iteration 2: "), res.stdout
+    assert "one distribution (Categorical)" in warnings[0]
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (3, 4, 6), (6,)])
+def test_categorical_matches_torch_on_masked_logits_and_batched_shapes(shape):
+    """ppo_atari.Categorical against torch.distributions.Categorical: log_prob, entropy and the sample's support, with
+    an action masked by a -inf logit (a common hack) and actions of any batch shape. Before #63: entropy NaN where a
+    logit is -inf, and log_prob of a 2-D batch of actions the wrong shape."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(shape, generator=generator) * 3
+    logits[..., 2] = -float("inf")
+    ours, theirs = ppo_atari.Categorical(logits), torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(ours.entropy(), theirs.entropy())
+    assert ours.entropy().isfinite().all()
+    actions = theirs.sample((7,))  # (7, *batch): a batch of actions broadcast against the logits' batch
+    torch.testing.assert_close(ours.log_prob(actions), theirs.log_prob(actions))
+    torch.testing.assert_close(ours.log_prob(actions[0]), theirs.log_prob(actions[0]))
+    torch.manual_seed(0)
+    drawn = torch.stack([ours.sample() for _ in range(200)])
+    assert drawn.shape == (200, *shape[:-1]) and not (drawn == 2).any()
+    probs = torch.nn.functional.one_hot(drawn, shape[-1]).float().mean(0)
+    torch.testing.assert_close(probs, theirs.probs, atol=0.15, rtol=0)

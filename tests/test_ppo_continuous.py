@@ -553,3 +553,98 @@ def test_a_loss_that_scores_another_policy_than_the_rollout_says_so_in_its_first
     (tmp_path / "unedited").mkdir()
     unedited = run(tmp_path / "unedited", "--env-id", "Pendulum-v1", "--total-timesteps", "128", *TINY)
     assert unedited.returncode == 0 and "warning" not in unedited.stdout
+
+
+# ---------------------------------------------------------------- the rollout/loss check on every iteration (#63)
+def edited_script(tmp_path, *replacements, name="edited.py"):
+    """ppo_continuous.py with each (old, new) text replaced, written to ``tmp_path``/``name``."""
+    text = Path(SCRIPT).read_text()
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    (tmp_path / name).write_text(text)
+    return name
+
+
+def run_edited(tmp_path, name, *args, timeout=240):
+    env = {**ENV, "PYTHONPATH": os.path.dirname(os.path.abspath(SCRIPT))}
+    cmd = [sys.executable, name, *map(str, args)]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def ratio_warnings(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("warning: ") and "rollout's" in line]
+
+
+def test_a_rollout_that_acts_with_a_copy_never_synced_warns_once_naming_the_iteration(tmp_path):
+    """A rollout that acts with a copy of the agent that no update reaches: in iteration 1 the copy equals the agent
+    (initial_ratio_error 0), in every later one it lags. Before #63 only the first iteration was checked, and the run
+    went to its end without a word."""
+    copy_line = "    params = list(agent.parameters())  # listed once: the clipping runs every minibatch\n"
+    name = edited_script(
+        tmp_path,
+        (copy_line, copy_line + "    actor = __import__('copy').deepcopy(agent)\n"),
+        ("        return agent.policy(norm_obs).sample(noise)", "        return actor.policy(norm_obs).sample(noise)"),
+    )
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "256", *TINY, "--learning-rate", "3e-3"]
+    res = run_edited(tmp_path, name, *args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    errors = [value for _, value in scalars(run_dir(tmp_path))["losses/initial_ratio_error"]]
+    assert errors[0] < 1e-6 and min(errors[1:]) > pc.RATIO_ERROR_WARNING, errors
+    warnings = ratio_warnings(res.stdout)
+    assert len(warnings) == 1 and warnings[0].startswith("warning: iteration 2: "), res.stdout
+    assert "one distribution (Agent.policy)" in warnings[0]
+
+
+def test_the_cleanrl_habit_edit_warns_in_a_later_iteration_on_inverted_pendulum(tmp_path):
+    """A log-std head added to the network and used in ppo_loss alone, on the README's first run's env: its first
+    iteration is below the threshold (the head starts near the old parameter), the later ones are not. Before #63:
+    no warning at all."""
+    network = "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n"
+    name = edited_script(
+        tmp_path,
+        (network, network + "        self.logstd_head = mlp(obs_dim, hidden, act_dim, out_std=0.01)\n"),
+        ("    pi = agent.policy(obs)\n", "    pi = Gaussian(agent.mean(obs), agent.run(agent.logstd_head, obs))\n"),
+    )
+    args = ["--env-id", "InvertedPendulum-v5", "--total-timesteps", "6144", "--no-progress-bar", "--gpu", "false"]
+    res = run_edited(tmp_path, name, *args)  # the README's first run's settings, 3 iterations
+    assert res.returncode == 0, res.stderr[-2000:]
+    errors = [value for _, value in scalars(run_dir(tmp_path))["losses/initial_ratio_error"]]
+    assert errors[0] < pc.RATIO_ERROR_WARNING < max(errors[1:]), errors
+    warnings = ratio_warnings(res.stdout)
+    first_over = 1 + next(i for i, error in enumerate(errors) if error > pc.RATIO_ERROR_WARNING)
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: iteration {first_over}: "), res.stdout
+
+
+@pytest.mark.slow
+def test_a_state_dependent_log_std_under_amp_and_compile_never_warns(tmp_path):
+    """docs/anatomy.md's state-dependent log-std with heads whose outputs are of order 1, with --amp --compile: the
+    actions come from the compiled step; when the rollout's log-probs came from an eager batched pass, bf16 rounded the
+    two differently and the first iteration's error was 2.1e-3, a false warning (#63). Now the log-probs take the
+    step's code path: rounding only."""
+    section = (ROOT / "docs" / "anatomy.md").read_text().split("## Changing the network: a state-dependent log-std")[1]
+    diff = section.split("```diff\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "ppo_continuous.py").write_text(Path(SCRIPT).read_text())
+    (tmp_path / "example.diff").write_text(f"--- a/ppo_continuous.py\n+++ b/ppo_continuous.py\n{diff}")
+    subprocess.run(["git", "apply", "example.diff"], cwd=tmp_path, check=True, capture_output=True)
+    edited = (tmp_path / "ppo_continuous.py").read_text()
+    assert edited.count("out_std=0.01)") == 2  # the mean's head and the log-std's
+    (tmp_path / "ppo_continuous.py").write_text(edited.replace("out_std=0.01)", "out_std=1.0)"))
+    args = ["--env-id", "Hopper-v5", "--num-steps", "256", "--num-minibatches", "4", "--update-epochs", "2"]
+    res = run_edited(
+        tmp_path,
+        "ppo_continuous.py",
+        *args,
+        "--total-timesteps",
+        "768",
+        "--amp",
+        "--compile",
+        "--no-progress-bar",
+        "--gpu",
+        "false",
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    errors = [value for _, value in scalars(run_dir(tmp_path))["losses/initial_ratio_error"]]
+    assert len(errors) == 3 and max(errors) < 1e-5, errors
+    assert not ratio_warnings(res.stdout), res.stdout
