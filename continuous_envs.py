@@ -116,8 +116,12 @@ class RunningMeanStd:
             return np.asarray(x, dtype=np.float64)
         return torch.as_tensor(x, dtype=torch.float64, device=self.device)
 
-    def state(self) -> tuple:  # floats and lists of floats: exact, and torch.load(weights_only=True) reads them
+    def state_dict(self) -> tuple:  # floats and lists of floats: exact, and torch.load(weights_only=True) reads them
         return self.mean.tolist(), self.var.tolist(), float(self.count)
+
+    def load_state_dict(self, state) -> None:  # a checkpoint's, as a network's (run_utils.load_states)
+        mean, var, count = state
+        self.mean, self.var, self.count = self.array(mean), self.array(var), float(count)
 
     def update(self, x):
         b_count = x.shape[0]
@@ -151,22 +155,19 @@ class HostEnvs:
     discounted return, both clipped to +-10, the statistics on the host in float64; the reward of an episode that
     its time limit cut short bootstraps from the value of its last observation. Results are tensors on ``device``."""
 
-    def __init__(self, env_fns, subproc: bool, gamma: float, device: torch.device, state: dict | None = None):
+    def __init__(self, env_fns, subproc: bool, gamma: float, device: torch.device):
         self.envs = envs = vector_env(env_fns, subproc)
         self.gamma = gamma
         self.device = device
         self.low, self.high = envs.single_action_space.low, envs.single_action_space.high
         self.obs_dim = obs_dim = int(np.prod(envs.single_observation_space.shape))
         self.act_dim = envs.single_action_space.shape[0]
-        self.obs_rms = RunningMeanStd(obs_dim, state["obs_rms"] if state else None)  # cheap per step on the host
-        self.ret_rms = RunningMeanStd((), state["ret_rms"] if state else None)
+        self.obs_rms = RunningMeanStd(obs_dim)  # cheap per step on the host
+        self.ret_rms = RunningMeanStd(())
         self.discounted = np.zeros(envs.num_envs)  # the discounted return whose std scales the rewards
         self.episode_return = np.zeros(envs.num_envs)
         self.episode_length = np.zeros(envs.num_envs, dtype=np.int64)
         self.episodes = []  # (global step, return, length) of the episodes that ended
-
-    def state(self) -> dict:
-        return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
 
     def reset(self, seed: int) -> torch.Tensor:
         obs = self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True)
@@ -213,20 +214,17 @@ class DeviceEnvs:
     statistics and every result on the device, so that a step makes no host sync. The time-limit bootstrap values
     every world's final observation and keeps the values of the worlds cut short."""
 
-    def __init__(self, envs, gamma: float, device: torch.device, state: dict | None = None):
+    def __init__(self, envs, gamma: float, device: torch.device):
         self.envs = envs
         self.gamma = gamma
         self.low = torch.as_tensor(envs.single_action_space.low, device=device)
         self.high = torch.as_tensor(envs.single_action_space.high, device=device)
         self.obs_dim = envs.single_observation_space.shape[0]
         self.act_dim = envs.single_action_space.shape[0]
-        self.obs_rms = RunningMeanStd(self.obs_dim, state["obs_rms"] if state else None, device)
-        self.ret_rms = RunningMeanStd((), state["ret_rms"] if state else None, device)
+        self.obs_rms = RunningMeanStd(self.obs_dim, device=device)
+        self.ret_rms = RunningMeanStd((), device=device)
         self.discounted = torch.zeros(envs.num_envs, dtype=torch.float64, device=device)
         self.episodes = []  # each step's (global step, done, return, length), on the device until finished()
-
-    def state(self) -> dict:
-        return dict(obs_rms=self.obs_rms.state(), ret_rms=self.ret_rms.state())
 
     def reset(self, seed: int) -> torch.Tensor:
         return self.obs_rms.normalize(self.envs.reset(seed=seed)[0], True).float()

@@ -404,9 +404,11 @@ if __name__ == "__main__":
     blocker = graph_blocker(args, env.mode, replay_on_host=buffer_device != device)
     use_graph = args.cudagraphs and not blocker
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True, capturable=use_graph)
-    if ckpt:  # the replay memory starts empty: --learning-starts counts again
-        modules = dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env)
-        run_utils.load_states(modules, ckpt, args.resume, device=device)
+    # the run's states: saved in every checkpoint, loaded on --resume (the replay memory starts empty: --learning-starts
+    # counts again)
+    states = dict(model=q_network, target_network=target_network, optimizer=optimizer, env=env)
+    if ckpt:
+        run_utils.load_states(states, ckpt, args.resume, device=device)
         obs = env.observe()
 
     @torch.no_grad()
@@ -456,7 +458,7 @@ if __name__ == "__main__":
         return stats
 
     # --micro-batch: the same gradients from backward passes over slices of the batch, halved on CUDA out of memory
-    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, args.batch_size, optimizer.zero_grad)
+    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, args.batch_size, params)
 
     def train():
         """One TD update from a replay batch, then the target network a step toward the Q-network; no host sync."""
@@ -561,13 +563,10 @@ if __name__ == "__main__":
                 script="dqn_snake_vec",
                 args=vars(args),
                 status="finished" if finished else "stopped" if stopping else "running",
-                model=q_network.state_dict(),
-                target_network=target_network.state_dict(),
-                env=env.state_dict(),
-                optimizer=optimizer.state_dict(),
                 rng=[gpu_utils.rng_state(device)],
                 iteration=iteration,
                 global_step=global_step,
+                **{key: state.state_dict() for key, state in states.items()},
             )
         if stopping:
             break

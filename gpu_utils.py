@@ -525,14 +525,15 @@ def estimate_memory(
 class MicroBatches:
     """``backward(rows, weight)`` over slices of a minibatch's tensors, each weighted by its share of the rows: the
     whole minibatch's gradients and statistics. --micro-batch: "auto" (one slice) or N rows. On CUDA out-of-memory the
-    gradients are cleared, the rows halve (down to one, said once) and the minibatch starts over; not while a CUDA
-    graph captures, which the error fails instead (the step then runs eagerly, and halves here)."""
+    gradients of ``params`` (every parameter the backward passes reach, whatever optimizers step them) are cleared, the
+    rows halve (down to one, said once) and the minibatch starts over; not while a CUDA graph captures, which the
+    error fails instead (the step then runs eagerly, and halves here)."""
 
-    def __init__(self, backward: Callable, micro_batch: str, minibatch_rows: int, zero_grad: Callable) -> None:
+    def __init__(self, backward: Callable, micro_batch: str, minibatch_rows: int, params: Sequence[torch.Tensor]):
         text = micro_batch.strip().lower()
         self.backward = backward
         self.rows = minibatch_rows if text == "auto" else min(int(text), minibatch_rows)
-        self.zero_grad = zero_grad
+        self.params = list(params)
         self.backoffs: list[tuple[int, int]] = []  # (rows tried, rows now) of each back-off
 
     def __call__(self, minibatch: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -546,7 +547,8 @@ class MicroBatches:
                 if self.rows == 1 or capturing:
                     raise
             # outside the except block, so the traceback no longer holds the failed attempt's tensors
-            self.zero_grad()
+            for p in self.params:
+                p.grad = None
             self.rows //= 2
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

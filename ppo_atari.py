@@ -209,17 +209,19 @@ class Categorical:
         gumbel = -(-torch.rand_like(self.logits).log()).log()
         return (self.logits + gumbel).argmax(-1)
 
-    def log_prob(self, actions):
-        return self.log_probs.gather(-1, actions[:, None]).squeeze(-1)
+    def log_prob(self, actions):  # actions of any batch shape that broadcasts against the logits' (torch's rule)
+        actions, log_probs = torch.broadcast_tensors(actions.long().unsqueeze(-1), self.log_probs)
+        return log_probs.gather(-1, actions[..., :1]).squeeze(-1)
 
-    def entropy(self):
-        return -(self.log_probs.exp() * self.log_probs).sum(-1)
+    def entropy(self):  # a masked action (a -inf logit) adds 0, not 0 * -inf = NaN: clamped as torch's is
+        finite = self.log_probs.clamp(min=torch.finfo(self.log_probs.dtype).min)
+        return -(self.log_probs.exp() * finite).sum(-1)
 
 
-# the rollout and the loss disagree when the first minibatch's ratios, before any step, are off by more than this
-# (root mean square). Both round the same inputs the same way (TF32, bf16), so only the order of their sums differs:
-# below 1e-6 in float32 and bf16 on the CPU. A loss that scores another distribution than the rollout samples was
-# 0.0115 in its first iteration (a log-std head for the loss alone, Pendulum) and 0.02 to 0.22 later (#59)
+# the rollout and the loss disagree when an iteration's first minibatch's ratios, before any step, are off by more than
+# this (root mean square). Rounding on the CPU, the largest over whole runs (dev/ratio_rounding.py): fp32 7e-7,
+# bf16 (--amp) 9.6e-7 here, 5.7e-5 in ppo_continuous. Wrong scripts measured
+# 0.018 to 0.10 (#59, #63: an acting copy never synced, a log-std head for the loss alone)
 RATIO_ERROR_WARNING = 1e-3
 
 
@@ -391,8 +393,8 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed + rank)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
+    states = {"model": agent, "optimizer": optimizer}  # the run's states: saved in every checkpoint, loaded on --resume
     if ckpt:
-        states = {"model": agent, "optimizer": optimizer}
         run_utils.load_states(states, ckpt, args.resume, device=device, rank=rank)
 
     @torch.no_grad()
@@ -445,7 +447,7 @@ if __name__ == "__main__":
         return stats
 
     # --micro-batch: the same gradients from backward passes over slices of the minibatch, halved on CUDA out of memory
-    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, args.minibatch_size, optimizer.zero_grad)
+    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, args.minibatch_size, params)
 
     def update(mb_inds):
         """One minibatch's gradient step, without a host sync: --cudagraphs captures it as one CUDA graph."""
@@ -507,6 +509,7 @@ if __name__ == "__main__":
 
     started = time.time()
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
+    ratio_warned = False  # the rollout/loss check's one warning has been said
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start = time.perf_counter()
         frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
@@ -571,11 +574,12 @@ if __name__ == "__main__":
         diverged = not scalars["weights_finite"]
         stopping = bool(scalars["stopping"])
         ratio_error = scalars["losses/initial_ratio_error"]
-        if iteration == start_iteration and ratio_error > RATIO_ERROR_WARNING and is_main:
+        if ratio_error > RATIO_ERROR_WARNING and not ratio_warned and is_main:  # every iteration, said once
+            ratio_warned = True
             print(
-                f"warning: the loss scores the rollout's actions {ratio_error:.3g} apart from the rollout's policy "
-                f"before any step (RMS of ratio - 1 > {RATIO_ERROR_WARNING}): sample them in the rollout and score "
-                "them in ppo_loss with one distribution (Categorical)"
+                f"warning: iteration {iteration}: the loss scores the rollout's actions {ratio_error:.3g} apart from "
+                f"the rollout's policy before any step (RMS of ratio - 1 > {RATIO_ERROR_WARNING}): sample them in the "
+                "rollout and score them in ppo_loss with one distribution (Categorical)"
             )
         sps = args.batch_size / (time.perf_counter() - iteration_start)
         recent_scores.extend(score for score, _ in games)
@@ -610,11 +614,10 @@ if __name__ == "__main__":
                     script="ppo_atari",
                     args=vars(args),
                     status="finished" if finished else "stopped" if stopping else "running",
-                    model=agent.state_dict(),
-                    optimizer=optimizer.state_dict(),
                     rng=rng,
                     iteration=iteration,
                     global_step=global_step,
+                    **{key: state.state_dict() for key, state in states.items()},
                 )
         if stopping:
             break

@@ -268,10 +268,10 @@ class Gaussian:
         return (self.logstd + 0.5 + LOG_2PI_HALF).sum(-1)
 
 
-# the rollout and the loss disagree when the first minibatch's ratios, before any step, are off by more than this
-# (root mean square). Both round the same inputs the same way (TF32, bf16), so only the order of their sums differs:
-# below 1e-6 in float32 and bf16 on the CPU. A loss that scores another distribution than the rollout samples was
-# 0.0115 in its first iteration (a log-std head for the loss alone, Pendulum) and 0.02 to 0.22 later (#59)
+# the rollout and the loss disagree when an iteration's first minibatch's ratios, before any step, are off by more than
+# this (root mean square). Rounding on the CPU, the largest over whole runs (dev/ratio_rounding.py): fp32 7e-7,
+# bf16 (--amp) 5.7e-5. Wrong scripts measured
+# 0.018 to 0.10 (#59, #63: an acting copy never synced, a log-std head for the loss alone)
 RATIO_ERROR_WARNING = 1e-3
 
 
@@ -419,11 +419,11 @@ if __name__ == "__main__":
 
     # ---------------- env and network (continuous_envs clips, normalises, bootstraps time limits)
     if worlds is not None:  # every env a world of one batch on the device
-        envs = continuous_envs.DeviceEnvs(worlds, args.gamma, device, ckpt)
+        envs = continuous_envs.DeviceEnvs(worlds, args.gamma, device)
     else:
         video = (args.capture_video, run_dir, start_step)  # env 0's episodes to videos/<run name>
         fns = [make_env(args.env_id, i, *video, args.subproc) for i in range(args.num_envs)]
-        envs = continuous_envs.HostEnvs(fns, args.subproc, args.gamma, device, ckpt)
+        envs = continuous_envs.HostEnvs(fns, args.subproc, args.gamma, device)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
     agent = Agent(obs_dim, act_dim, hidden, args.amp).to(device)
     params = list(agent.parameters())  # listed once: the clipping runs every minibatch
@@ -432,18 +432,28 @@ if __name__ == "__main__":
     lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
     learning_rate = torch.tensor(args.learning_rate, dtype=lr_dtype, device=device)
     optimizer = optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    # the run's states, each saved in every checkpoint and loaded on --resume: networks, optimizers, normalisers
+    states = {"model": agent, "optimizer": optimizer, "obs_rms": envs.obs_rms, "ret_rms": envs.ret_rms}
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = start_step
     if ckpt:
-        run_utils.load_states({"model": agent, "optimizer": optimizer}, ckpt, args.resume, device=device)
+        run_utils.load_states(states, ckpt, args.resume, device=device)
 
     @torch.no_grad()
     def policy_step(norm_obs, noise):
         """The rollout's step: actions sampled from the policy with standard normal ``noise``."""
         return agent.policy(norm_obs).sample(noise)
 
+    @torch.no_grad()
+    def rollout_log_probs(norm_obs, noise):
+        """The rollout's log-probabilities in one batched pass after it: the policy's density of the noise that sampled
+        each action (the same policy, not a few small ops a step)."""
+        return agent.policy(norm_obs).log_density(noise)
+
     # --compile, --cudagraphs: the same step compiled (and then replayed as CUDA graphs)
     act = gpu_utils.compile_policy(policy_step, args.compile, args.cudagraphs)
+    # compiled as the step is: in bf16, compiled and eager code round apart (#63: a false warning of 2.1e-3)
+    log_probs_of = torch.compile(rollout_log_probs) if args.compile or args.cudagraphs else rollout_log_probs
     loss_fn = torch.compile(ppo_loss) if args.compile or args.cudagraphs else ppo_loss
 
     # ---------------- storage: the rollout on the device
@@ -473,7 +483,7 @@ if __name__ == "__main__":
         return stats
 
     # --micro-batch: the same gradients from backward passes over slices of the minibatch, halved on CUDA out of memory
-    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, minibatch_size, optimizer.zero_grad)
+    micro_batches = gpu_utils.MicroBatches(backward, args.micro_batch, minibatch_size, params)
 
     def update(mb_inds):
         """One minibatch's gradient step, without a host sync: --cudagraphs captures it as one CUDA graph."""
@@ -503,6 +513,7 @@ if __name__ == "__main__":
     recent_returns = collections.deque(maxlen=20)
     started = time.time()
     diverged = False  # NaN or infinite weights after an update: the run stops without saving them
+    ratio_warned = False  # the rollout/loss check's one warning has been said
     for iteration in range(start_iteration, num_iterations + 1):
         iteration_start = time.perf_counter()
         frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
@@ -517,10 +528,9 @@ if __name__ == "__main__":
                 actions[step] = act(next_obs, noise[step])
                 next_obs, rewards[step], next_done = envs.step(actions[step], agent.value, global_step)
 
-            # ---------------- advantages: the values and log-probs in one batched pass each, not a few small ops
-            # a step (the log-probs from the noise: the same policy, by its log-density)
+            # ---------------- advantages: the values and log-probs in one batched pass each
             b_values.copy_(agent.value(b_obs))
-            b_logprobs.copy_(agent.policy(b_obs).log_density(noise.view(-1, act_dim)))
+            b_logprobs.copy_(log_probs_of(b_obs, noise.view(-1, act_dim)))
             next_value = agent.value(next_obs)
             gae = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             advantages.copy_(gae[0])
@@ -558,11 +568,12 @@ if __name__ == "__main__":
         scalars = dict(zip(scalars, torch.stack(list(scalars.values())).tolist()))
         diverged = not scalars["weights_finite"]
         ratio_error = scalars["losses/initial_ratio_error"]
-        if iteration == start_iteration and ratio_error > RATIO_ERROR_WARNING:
+        if ratio_error > RATIO_ERROR_WARNING and not ratio_warned:  # every iteration, said once
+            ratio_warned = True
             print(
-                f"warning: the loss scores the rollout's actions {ratio_error:.3g} apart from the rollout's policy "
-                f"before any step (RMS of ratio - 1 > {RATIO_ERROR_WARNING}): sample them in the rollout and score "
-                "them in ppo_loss with one distribution (Agent.policy)"
+                f"warning: iteration {iteration}: the loss scores the rollout's actions {ratio_error:.3g} apart from "
+                f"the rollout's policy before any step (RMS of ratio - 1 > {RATIO_ERROR_WARNING}): sample them in the "
+                "rollout and score them in ppo_loss with one distribution (Agent.policy)"
             )
         iteration_seconds = time.perf_counter() - iteration_start
         sps = batch_size / iteration_seconds
@@ -596,12 +607,10 @@ if __name__ == "__main__":
                 script="ppo_continuous",
                 args=vars(args),
                 status="finished" if finished else "stopped" if stopping else "running",
-                model=agent.state_dict(),
-                optimizer=optimizer.state_dict(),
                 rng=[gpu_utils.rng_state(device)],
                 iteration=iteration,
                 global_step=global_step,
-                **envs.state(),  # the observation and reward statistics
+                **{key: state.state_dict() for key, state in states.items()},
             )
         if stopping:
             break
@@ -612,6 +621,6 @@ if __name__ == "__main__":
     monitor.close()
     cpu_share.close()  # its CPUs to the other live runs
     # --save-model: the final weights and the observation statistics they saw
-    model = dict(script="ppo_continuous", args=vars(args), model=agent.state_dict(), obs_rms=envs.obs_rms.state())
+    model = dict(script="ppo_continuous", args=vars(args), model=agent.state_dict(), obs_rms=envs.obs_rms.state_dict())
     model = model if args.save_model and iteration == num_iterations else None
     run_utils.end_run(writer, run_dir, global_step, total_steps, started, diverged, model)

@@ -106,6 +106,8 @@ def stop_in_one_line() -> None:
     and status 128 + the signal: not a traceback, nor a KeyboardInterrupt's C++ abort in MuJoCo's callback."""
 
     def stop(signum: int, why: str) -> None:
+        for run_dir in MADE_RUN_DIRS:  # a stop while the run opens: its folder goes again
+            shutil.rmtree(run_dir, ignore_errors=True)
         sys.stdout.flush()
         print(f"stopped on {why}: nothing was written", file=sys.stderr, flush=True)
         os._exit(128 + signum)  # not sys.exit: an exception cannot cross the C++ frames a signal may arrive in
@@ -377,6 +379,11 @@ def mark_diverged(path: str) -> str:
 
 
 # ---------------------------------------------------------------- the run folder's lock
+MADE_RUN_DIRS: list[str] = []
+"""The run folder this process made, until ``open_run`` has opened the run in it: a stop or an error before then removes
+it again, so that "nothing was written" holds (no folder left with a lock and no checkpoint)."""
+
+
 def new_run_dir(name: str) -> str:
     """Make runs/``name`` and return its name, or the next free second's when a run started in the same second."""
     prefix, stamp = name.rsplit("__", 1)
@@ -386,6 +393,7 @@ def new_run_dir(name: str) -> str:
         while True:
             try:  # made or refused at once: two runs starting together cannot both take one name
                 os.mkdir(os.path.join("runs", f"{prefix}__{second}"))
+                MADE_RUN_DIRS.append(os.path.join("runs", f"{prefix}__{second}"))
                 return f"{prefix}__{second}"
             except FileExistsError:
                 second += 1
@@ -453,14 +461,22 @@ def open_run(
 ) -> tuple[str, SummaryWriter | None, list[str]]:
     """The run's folder (runs/<run_name>, or the resumed checkpoint's) with its lock, its logs (the main process's
     TensorBoard writer, and W&B with --track; None elsewhere), and from now on a stop signal stops the run after its
-    iteration, with a checkpoint (``stop_on_signals``'s list). A folder in use or not writable: one line, exit 2."""
+    iteration, with a checkpoint (``stop_on_signals``'s list). Until then a stop ends the process at once and leaves no
+    new folder. A folder in use or not writable: one line, exit 2, and no new folder either."""
     try:
         run_dir = run_folder(run_name, args.resume, is_main)
         writer = open_logs(run_dir, args, device, step, ckpt and ckpt["wandb_id"]) if is_main else None
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # W&B's init, say, in a folder it cannot write
+        for made in MADE_RUN_DIRS:
+            shutil.rmtree(made, ignore_errors=True)
+        if isinstance(exc, OSError):
+            where = f": {exc.filename}" if exc.filename else ""
+            exc = f"cannot open the run ({exc.strerror or exc}{where}); start it in a writable folder"
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    return run_dir, writer, stop_on_signals(is_main)
+    stop = stop_on_signals(is_main)
+    MADE_RUN_DIRS.clear()  # the run is open: from now on a stop keeps it, with a checkpoint
+    return run_dir, writer, stop
 
 
 def run_folder(run_name: str, resume: str | None, is_main: bool = True) -> str:

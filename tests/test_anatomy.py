@@ -110,7 +110,7 @@ def test_same_runtime_flags_lifecycle_calls_log_keys_and_messages(script):
     assert [message for message in MESSAGES if message not in both] == []
     # the checkpoint holds what --resume needs; save_checkpoint adds the run's name and W&B id
     for key in ["script", "args", "status", "model", "optimizer", "iteration", "global_step", "rng"]:
-        assert re.search(rf"\b{key}=", main), f"checkpoint key {key}"
+        assert re.search(rf"\b{key}=|\"{key}\": ", main), f"checkpoint key {key}"  # a keyword or in `states`
     # the files it writes name the script, and a file of another script is refused by that name
     name = script[: -len(".py")]
     assert f'script="{name}"' in main

@@ -219,7 +219,7 @@ def test_obs_statistics_match_the_data_and_survive_a_checkpoint(tmp_path):
     host = np.clip((x - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10)
     assert np.array_equal(rms.normalize(x, False), host)
     # a checkpoint's (mean, var, count) loads back bit for bit (torch.load with weights_only, as the script does)
-    torch.save({"obs_rms": rms.state()}, tmp_path / "stats.pt")
+    torch.save({"obs_rms": rms.state_dict()}, tmp_path / "stats.pt")
     loaded = continuous_envs.RunningMeanStd(state=torch.load(tmp_path / "stats.pt", weights_only=True)["obs_rms"])
     assert np.array_equal(loaded.normalize(x, False), host) and loaded.count == rms.count
     loaded.update(x[:7])
