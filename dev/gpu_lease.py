@@ -13,6 +13,7 @@ a file under --out (a call brings back at most 8):
 
     facts     the GPU, the CPUs, torch, the compiler and Python's headers (torch.compile needs both)    machine.txt
     tests     pytest -m gpu: every gpu-marked test                                                       pytest_gpu.txt
+    ratio     dev/ratio_rounding.py: the rollout/loss check's rounding, TF32 on/off, bf16, graphs (#63)  lease.log
     ab        new and old code, group by group, at the settings of the speed targets                    ab.md
     ceilings  VecSnake dense and fused at 2^16, 2^20, 2^22 games; the envs of each run alone             ceilings.md
     profile   dev/profile_atari.py: the update's ms per iteration, every phase of the script's code     profile_*.md
@@ -62,9 +63,14 @@ GRACE_S = 15  # after SIGINT, the seconds a part has to write what it has
 TIME_UP = 75  # a part's exit status when its time cut its last runs and every other was measured
 SKIPPED = "skipped: the part's time was up"  # the status of a run that its part's time cut
 # (part, its output, the most seconds it may take, the seconds kept for it while the parts before it run)
-PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 170, 60), ("ab", "lease.log", 240, 100)]
+PARTS = [("facts", "machine.txt", 30, 10), ("tests", "pytest_gpu.txt", 170, 60), ("ratio", "lease.log", 90, 30)]
+PARTS += [("ab", "lease.log", 240, 100)]
 PARTS += [("ceilings", "lease.log", 75, 45), ("profile", "lease.log", 55, 45), ("mjx", "lease.log", 240, 0)]
 PARTS += [("learn", "lease.log", 400, 0)]  # a call of its own: not in the default --parts
+# the rollout/loss safety net's rounding on the GPU (#63, #66): TF32 on and off, bf16, the captured update, a resume
+RATIO_GPU = ["--device", "cuda", "--steps-scale", "0.25", "--only", "atari-fp32", "atari-no-tf32", "atari-amp"]
+RATIO_GPU += ["atari-amp-cudagraphs", "continuous-fp32", "continuous-amp", "continuous-amp-cudagraphs", "atari-resume"]
+RATIO_DRY = ["--device", "cpu", "--steps-scale", "0.001", "--only", "continuous-fp32"]
 LEARN_S, LEARN_MARGIN_S = 300, 15  # each seed's wall time; after it, its last iteration and checkpoint
 EVAL_S, EVAL_POINTS, EVAL_EPISODES = 30, 10, 10  # then the evaluations of its checkpoint copies: time, points, episodes
 TARGETS = {"HalfCheetah-v5": 1442.64, "Hopper-v5": 2382.86}  # CleanRL's ppo_continuous_action.py: v4, 1M steps
@@ -467,6 +473,7 @@ def cmd_run(o) -> int:
     commands = {
         "facts": ["bash", "-c", FACTS, sys.executable],
         "tests": [sys.executable, "-m", "pytest", "-m", "gpu", "--dist", "load", *tests],
+        "ratio": [sys.executable, "dev/ratio_rounding.py", *(RATIO_DRY if o.dry_run else RATIO_GPU)],  # to lease.log
         "ab": [*me, "ab"],
         "mjx": [*me, "mjx"],
         "learn": [*me, "learn", "--physics", o.physics, "--env-id", *o.env_id],
@@ -480,7 +487,7 @@ def cmd_run(o) -> int:
         if limit < 15:
             statuses.append([name, "skipped: the call's time was up", "0", "-"])
             continue
-        timed = name in ("ab", "ceilings", "mjx", "learn")  # the parts that keep to --seconds
+        timed = name in ("ab", "ceilings", "mjx", "learn", "ratio")  # the parts that keep to --seconds
         argv = commands[name] + (["--seconds", f"{limit - GRACE_S:.0f}"] if timed else [])
         print(f"[lease] {name}: at most {limit:.0f} s ...", flush=True)
         t0 = time.monotonic()

@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="these paths only (default: every path of --device)")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="scale every path's agent steps")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
+    parser.add_argument("--seconds", type=float, help="start no path after this many seconds (a lease's part)")
     parser.add_argument("--out", help="write the table to OUT/ratio_rounding.md too")
     a = parser.parse_args()
     unknown = sorted(set(a.only or []) - set(PATHS))
@@ -124,7 +125,11 @@ def main() -> None:
 
     thresholds = {"continuous": ppo_continuous.RATIO_ERROR_WARNING, "atari": ppo_atari.RATIO_ERROR_WARNING}
     rows = []
+    started = time.monotonic()
     for name in names:
+        if a.seconds and time.monotonic() - started > a.seconds:
+            rows.append(f"| {name} | skipped: --seconds {a.seconds:.0f} were up |" + " |" * 9)
+            continue
         result = measure(name, a.device, a.steps_scale, a.timeout)
         errors = result["errors"]
         threshold = thresholds[name.split("-")[0]]

@@ -80,8 +80,11 @@ def test_dry_run_runs_every_part_on_the_cpu(tmp_path, old_code):
     assert sorted(os.listdir(out)) == sorted([*LEASE_FILES, "summary.md"])  # a call brings back at most 8 files
     summary = (out / "summary.md").read_text()
     assert res.stdout.endswith(summary)  # printed last: the reply shows the end of the output
-    for part in ["facts", "tests", "ab", "ceilings", "profile", "mjx"]:
+    for part in ["facts", "tests", "ratio", "ab", "ceilings", "profile", "mjx"]:
         assert f"| {part} | ok |" in summary, part
+    log = (out / "lease.log").read_text()  # the safety net's table (#63), a row a path, no warning
+    row = next(line for line in log.splitlines() if line.startswith("| continuous-fp32 | 4,096 | 2 |"))
+    assert row.endswith("| no | 0 |" + row.rsplit("|", 2)[1] + "|"), row
     rows = table_rows(summary)
     for figure in [
         "ppo_atari.py --compile --cudagraphs",
