@@ -145,7 +145,7 @@ def time_update(a, agent, loss_fn, buffers: dict, graph: bool, iterations: int, 
     learning_rate = torch.tensor(a.learning_rate, dtype=torch.float64 if device.type == "cpu" else torch.float32)
     optimizer = torch.optim.Adam(params, lr=learning_rate.to(device), eps=1e-5, fused=True, capturable=graph)
     backward = from_script("backward", agent=agent, loss_fn=loss_fn, args=a)
-    micro_batches = gpu_utils.MicroBatches(backward, a.micro_batch, a.minibatch_size, optimizer.zero_grad)
+    micro_batches = gpu_utils.MicroBatches(backward, a.micro_batch, a.minibatch_size, params)
     scope = dict(optimizer=optimizer, micro_batches=micro_batches, params=params, distributed=False, world_size=1)
     update = from_script("update", **buffers, **scope, args=a)
     update_step = gpu_utils.CudaGraph(update, enabled=graph, name="update")
