@@ -1,5 +1,7 @@
 """Summarise training runs from their TensorBoard event files: tables beside published scores, learning curves, each
-run's segments (one per process) and training statistics (docs/sweeps.md#reports).
+run's segments (one per process) and training statistics (docs/sweeps.md#reports); per task a 95% bootstrap interval
+of the mean over seeds, and across tasks the interquartile mean of reference-normalised scores and the probability of
+beating the reference, as Agarwal et al. (NeurIPS 2021) report scores (docs/results.md).
 
     python benchmark/report.py runs/ --out benchmark/results/
 """
@@ -7,6 +9,7 @@ run's segments (one per process) and training statistics (docs/sweeps.md#reports
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import itertools
 import math
@@ -270,11 +273,92 @@ def device_cells(runs: list[Run]) -> tuple[str, str]:
     return sps or DASH, " / ".join(devices) or DASH
 
 
-def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, now: float, recent: float):
-    rows = []
-    # a row per script, env and budget (runs sorted so): a 1M run's return is not a 10M run's
+# Scores as the field reports them since Agarwal et al., "Deep Reinforcement Learning at the Edge of the Statistical
+# Precipice" (NeurIPS 2021): per task a bootstrap interval of the mean over seeds; across tasks the interquartile mean
+# (IQM) of normalised scores with a stratified bootstrap interval, and a probability of improvement. Written here in
+# numpy, not imported from their library rliable: rliable 1.2 is an sdist only and requires arch (which pulls
+# statsmodels), pandas, seaborn, absl-py and scipy, none of which the project needs otherwise (scipy comes only with
+# the mjx extra), for a trimmed mean and a percentile bootstrap of a few lines each. The definitions are rliable's:
+# IQM = scipy.stats.trim_mean(scores, 0.25) over every run of every task, the percentile method (its default), the
+# tasks as strata. Each interval draws from a generator seeded with BOOTSTRAP_SEED: the same runs give the same report.
+BOOTSTRAP_SEED = 0
+BOOTSTRAP_REPS = 10_000
+CI_LEVEL = 0.95
+
+
+def iqm(scores: np.ndarray) -> np.ndarray:
+    """The interquartile mean along the last axis: the mean of what is left once the lowest and the highest int(n / 4)
+    values are cut (scipy.stats.trim_mean(scores, 0.25, axis=-1), rliable's aggregate_iqm)."""
+    x = np.sort(np.asarray(scores, dtype=np.float64), axis=-1)
+    cut = int(0.25 * x.shape[-1])
+    return x[..., cut : x.shape[-1] - cut].mean(axis=-1)
+
+
+def stratified_bootstrap(tasks: list[np.ndarray], statistic, reps: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """``statistic`` over ``reps`` resamples, each drawing every task's scores with replacement from that task's own
+    (as many as it has): a task keeps its number of seeds and never lends one to another. ``statistic`` takes one
+    (reps, seeds) array per task and returns one value per resample."""
+    rng = np.random.default_rng(seed)
+    return statistic([t[rng.integers(0, len(t), size=(reps, len(t)))] for t in map(np.asarray, tasks)])
+
+
+def percentile_interval(samples: np.ndarray, level: float = CI_LEVEL) -> tuple[float, float]:
+    """The bootstrap distribution's central ``level`` (the percentile method)."""
+    lo, hi = np.percentile(samples, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def mean_interval(scores: list[float], reps: int) -> tuple[float, float] | None:
+    """The 95% bootstrap interval of the mean over seeds; None for fewer than two (nothing to resample)."""
+    if len(scores) < 2:
+        return None
+    return percentile_interval(stratified_bootstrap([np.asarray(scores)], lambda s: s[0].mean(axis=1), reps))
+
+
+def prob_above(tasks: list[np.ndarray], refs: list[float]) -> np.ndarray:
+    """Per resample, the fraction of each task's runs that score above its reference (a tie counts half), averaged
+    over tasks: rliable's probability of improvement with the reference one fixed number per task."""
+    return np.mean([np.mean((x > ref) + 0.5 * (x == ref), axis=-1) for x, ref in zip(tasks, refs)], axis=0)
+
+
+AGGREGATES = [  # of one (resamples, seeds) array of scores ÷ reference per task: the reference is 1 in each
+    lambda tasks: iqm(np.concatenate(tasks, axis=-1)),
+    lambda tasks: prob_above(tasks, [1.0] * len(tasks)),
+]
+
+
+def fmt_interval(interval: tuple[float, float] | None, digits: int = 1) -> str:
+    return DASH if interval is None else f"{fmt(interval[0], digits)} to {fmt(interval[1], digits)}"
+
+
+def numeric_reference(refs: list[Reference]) -> tuple[Reference, float] | None:
+    """The reference a task is normalised by: the first listed (one measured on our env where there is one) whose
+    score is a positive number (a ratio to zero or a negative score means nothing)."""
+    for ref in refs:
+        with contextlib.suppress(ValueError):
+            value = float(ref.score.replace(",", ""))
+            if value > 0 and math.isfinite(value):
+                return ref, value
+    return None
+
+
+def seed_groups(runs: list[Run]):
+    """(exp, env, budget, its runs): a row per script, env and budget (runs sorted so): a 1M run's return is not a 10M
+    run's."""
     for (exp, env, total), members in itertools.groupby(runs, lambda r: (r.exp, r.env, r.total_timesteps)):
-        group = list(members)
+        yield exp, env, total, list(members)
+
+
+def group_table(
+    runs: list[Run],
+    refs: dict[str, list[Reference]],
+    last_n: int,
+    now: float,
+    recent: float,
+    reps: int = BOOTSTRAP_REPS,
+):
+    rows = []
+    for exp, env, total, group in seed_groups(runs):
         finals = [f for f in (r.final_return(last_n) for r in group) if f is not None]
         ret = fmt(float(np.mean(finals)), 1) if finals else DASH
         if len(finals) > 1:
@@ -285,10 +369,84 @@ def group_table(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, 
         steps = (f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}") + (f" of {total:,}" if total else "")
         wall = fmt_time(float(np.mean([r.wall_time for r in group])))
         ref = "; ".join(f"{r.score} ({r.source}{'' if r.ours else ', ' + r.their_env})" for r in refs.get(env, []))
+        ci = fmt_interval(mean_interval(finals, reps))  # beside the reference: does it fall inside?
         states = ", ".join(sorted({r.status(now, recent) for r in group}))
-        rows.append([exp, env, str(len(group)), ret, steps, wall, *device_cells(group), ref or DASH, states])
+        rows.append([exp, env, str(len(group)), ret, steps, wall, *device_cells(group), ref or DASH, ci, states])
     header = ["script (exp_name)", "env", "seeds", f"return, last {last_n} episodes (mean ± std)", "steps reached"]
-    return md_table([*header, "wall time", "SPS", "device", "reference", "status"], rows)
+    ci_header = f"{CI_LEVEL:.0%} CI of the mean (bootstrap over seeds)"
+    return md_table([*header, "wall time", "SPS", "device", "reference", ci_header, "status"], rows)
+
+
+def aggregate_section(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, reps: int) -> list[str]:
+    """Each task's scores as ratios to its reference, beside the reference and its protocol, then per script the IQM of
+    its runs' ratios and how often a run beats the reference, each with a stratified bootstrap interval."""
+    tasks, no_ref = {}, []  # exp -> [(env, budget, scores, reference, its value)]
+    for exp, env, total, group in seed_groups(runs):
+        scores = np.array([f for f in (r.final_return(last_n) for r in group) if f is not None])
+        found = numeric_reference(refs.get(env, []))
+        if len(scores) and found:
+            tasks.setdefault(exp, []).append((env, f"{fmt_steps(total)} steps" if total else "", scores, *found))
+        elif len(scores):
+            no_ref.append(f"{env} ({exp})")
+    if not tasks:
+        return ["", "## Across tasks", "", "No task with a score has a numeric reference score: no aggregate."]
+    intro = (
+        "As Agarwal et al. (NeurIPS 2021, rliable) report scores. Normalised score: a run's score (its last "
+        f"{last_n} episodes' mean, as above) ÷ its task's reference score, the first listed for the env with a "
+        "positive score (one measured on our env where there is one), shown here with its protocol; no random-agent "
+        "score is subtracted, so 1 is the reference's score and 0 a score of 0. A task is a row of the table above "
+        "(script, env, budget), its runs counted where they stand, finished or not. IQM: the mean of the middle half "
+        "of all of a script's runs' normalised scores (25% cut at each end). P(run > reference mean): per task, the "
+        "fraction of our runs that score above the reference's published mean (a tie counts half), averaged over "
+        "tasks. The references publish no per-seed scores (a mean, at best ± the std of 3 seeds), so this is not "
+        "rliable's chance that our run beats a reference run: the reference's seed-to-seed spread is left out, and "
+        "the figure says how often our runs beat the published number. "
+        f"{CI_LEVEL:.0%} CIs: percentile bootstrap, {reps:,} resamples (--bootstrap-reps), generator seed "
+        f"{BOOTSTRAP_SEED}; across tasks stratified (each task's seeds resampled within that task, the reference held "
+        "fixed). With a handful of seeds a percentile interval is narrower than a true 95% one (it never reaches past "
+        "the lowest and highest seed); a task with one seed has none (-)."
+    )
+    task_rows, agg_rows = [], []
+    for exp, members in tasks.items():
+        for env, budget, scores, ref, value in members:
+            ours = fmt(float(np.mean(scores)), 1) + (
+                f" ± {fmt(float(np.std(scores, ddof=1)), 1)}" if len(scores) > 1 else ""
+            )
+            measured = "" if ref.ours else f", {ref.their_env}"
+            ratios = scores / value
+            above = np.sum(scores > value) + 0.5 * np.sum(scores == value)
+            task_rows.append(
+                [f"{env} ({', '.join(filter(None, [exp, budget]))})", len(scores), ours]
+                + [fmt_interval(mean_interval(list(scores), reps)), f"{ref.score} ({ref.source}{measured})"]
+                + [ref.protocol or DASH, f"{np.mean(ratios):.2f}", fmt_interval(mean_interval(list(ratios), reps), 2)]
+                + [f"{above:g} of {len(scores)}"]
+            )
+        strata = [scores / value for *_, scores, _, value in members]
+        one_each = all(len(t) == 1 for t in strata)  # nothing to resample: no interval
+        cells = []
+        for stat in AGGREGATES:
+            point = float(stat([t[None, :] for t in strata])[0])
+            interval = None if one_each else percentile_interval(stratified_bootstrap(strata, stat, reps))
+            cells += [f"{point:.2f}", fmt_interval(interval, 2)]
+        names = ", ".join(" ".join(filter(None, [env, budget])) for env, budget, *_ in members)
+        agg_rows.append([exp, f"{len(members)} ({names})", sum(len(t) for t in strata), *cells])
+    ci = f"{CI_LEVEL:.0%} CI"
+    task_header = ["task", "seeds", f"ours, last {last_n} episodes (mean ± std)", ci, "reference", "its protocol"]
+    task_header += ["ours ÷ reference (mean)", ci, "runs above the reference mean"]
+    agg_header = ["script", "tasks", "runs", "IQM of ours ÷ reference", ci, "P(run > reference mean)", ci]
+    lines = [
+        "",
+        "## Across tasks",
+        "",
+        intro,
+        "",
+        *md_table(task_header, task_rows),
+        "",
+        *md_table(agg_header, agg_rows),
+    ]
+    if no_ref:
+        lines += ["", "Left out, no numeric reference score: " + ", ".join(no_ref) + "."]
+    return lines
 
 
 def run_table(runs: list[Run], last_n: int, now: float, recent: float) -> list[str]:
@@ -444,6 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--last-n", type=count(1), default=100, help="episodes averaged at the end of each run")
     p.add_argument("--running-window", type=float, default=600, help="seconds after its last event a run is running")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
+    p.add_argument(
+        "--bootstrap-reps", type=count(1), default=BOOTSTRAP_REPS, help="resamples behind each 95%% interval"
+    )
     a = p.parse_args(argv)
     if not os.path.isdir(a.runs_dir):
         raise SweepError(f"runs directory '{a.runs_dir}' not found; pass the folder the scripts wrote (runs/)")
@@ -467,14 +628,18 @@ def main(argv: list[str] | None = None) -> int:
     # left an earlier folder); the per-run table lists them all
     furthest = {(r.exp, r.env, r.total_timesteps, r.seed): r for r in sorted(runs, key=lambda r: (r.last_step, r.name))}
     seeds = [r for r in runs if furthest[r.exp, r.env, r.total_timesteps, r.seed] is r]
-    tables = [*group_table(seeds, refs, a.last_n, now, a.running_window), ""]
+    tables = [*group_table(seeds, refs, a.last_n, now, a.running_window, a.bootstrap_reps), ""]
     if len(seeds) < len(runs):
         tables += [
             f"{len(runs) - len(seeds)} run folders repeat a seed of their group, which counts its furthest run",
             "",
         ]
     tables += ["Per run:", ""]
-    tables += [*run_table(runs, a.last_n, now, a.running_window), *segments_section(runs), *stats_section(runs), ""]
+    tables += [
+        *run_table(runs, a.last_n, now, a.running_window),
+        *aggregate_section(seeds, refs, a.last_n, a.bootstrap_reps),
+    ]
+    tables += [*segments_section(runs), *stats_section(runs), ""]
     table = "\n".join([*tables, *references_section(sorted({r.env for r in runs}), refs)]) + "\n"
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = [f"# Results from `{a.runs_dir}`", "", f"Generated {generated}.", "", table]

@@ -135,7 +135,7 @@ def test_report_group_numbers(report):
     assert row[6] == "250"  # mean over seeds of the median SPS (200 and 300)
     assert row[7] == "not logged"  # no "device" text and no GPU samples in these event files
     assert row[8] == "326.5 (test lab); 274.8 (test paper, BreakoutNoFrameskip-v4)"  # the comparable one first
-    assert row[9] == "done"
+    assert row[-1] == "done"  # the last column (the CI column sits before it)
     assert res.stdout.splitlines()[1].startswith("| script")  # below the line naming the folders
 
 
@@ -145,7 +145,7 @@ def test_report_in_progress_and_no_episodes(report):
     pong = table_row(text, "ppo_atari", "ALE_Pong-v5")
     assert pong[3] == f"{(-21 * 10 - 20 * 20) / 30:,.1f}"  # fewer than 100 episodes: mean of all 30
     assert pong[4] == "5,000 of 100,000"
-    assert pong[9] == "running (5%)"
+    assert pong[-1] == "running (5%)"
     assert pong[8] == "-"
     cheetah = table_row(text, "ppo_continuous_heavy", "HalfCheetah-v5")
     assert cheetah[3].startswith("- (0/1 runs")
@@ -371,7 +371,7 @@ def test_report_joins_a_run_resumed_on_other_machines(tmp_path):
     assert row[4] == "2,000 of 4,000"
     assert row[5] == "3m20s"  # 100 s + 20 s kept + 80 s, not the hours between the processes
     assert row[6:8] == ["1,000 / 65", f"GPU (name not logged) / {cpu}"]  # median per device: CPU [80, 50]
-    assert row[9] == "stopped (50%)"
+    assert row[-1] == "stopped (50%)"
     per_run = table_row(text.split("## Segments")[0], run_dir.name)
     kept = "11.3 ± 6.8"  # the 20 kept games' mean and standard error (std 30.3 / sqrt(20))
     assert per_run[1:7] == ["20", kept, "2,000", "3m20s", "1,000 / 65", f"GPU (name not logged) / {cpu}"]
@@ -519,3 +519,108 @@ def test_report_writes_where_the_user_stands(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.splitlines()[0] == f"[report] the runs in {tmp_path / 'runs'}; report.md to {tmp_path / 'runs'}"
     assert "where54" in (tmp_path / "runs" / "report.md").read_text()
+
+
+def test_iqm_by_hand():
+    """The interquartile mean cuts int(n / 4) values at each end and averages the rest (rliable's aggregate_iqm)."""
+    scores = np.array([10.0, 0.0, 3.0, 100.0, 5.0, 1.0, 7.0, 2.0])  # sorted 0 1 | 2 3 5 7 | 10 100
+    assert rep.iqm(scores) == pytest.approx((2 + 3 + 5 + 7) / 4)
+    assert rep.iqm(np.array([1.0, 2.0, 3.0, 4.0, 100.0])) == pytest.approx(3.0)  # int(5 / 4) = 1 cut at each end
+    assert rep.iqm(np.array([1.0, 2.0, 9.0])) == pytest.approx(4.0)  # under 4 values nothing is cut: the mean
+    assert np.allclose(rep.iqm(np.array([scores, scores + 1])), [4.25, 5.25])  # per row of a (resamples, runs) array
+
+
+def test_iqm_matches_scipys_trimmed_mean():
+    stats = pytest.importorskip("scipy.stats")
+    x = np.random.default_rng(3).normal(size=(4, 37))
+    assert np.allclose(rep.iqm(x), stats.trim_mean(x, 0.25, axis=-1))
+
+
+def test_bootstrap_interval_contains_the_mean_and_shrinks_with_more_seeds():
+    three = [90.0, 100.0, 110.0]
+    lo3, hi3 = rep.mean_interval(three, reps=10_000)
+    lo30, hi30 = rep.mean_interval(three * 10, reps=10_000)  # the same spread over ten times the seeds
+    assert lo3 < 100.0 < hi3 and lo30 < 100.0 < hi30
+    assert (hi30 - lo30) < 0.5 * (hi3 - lo3)  # about 1 / sqrt(10) as wide
+    assert rep.mean_interval(three, reps=10_000) == (lo3, hi3)  # a fixed generator seed: the same interval again
+    assert rep.mean_interval([42.0], reps=10_000) is None  # one seed: nothing to resample
+
+
+def test_stratified_bootstrap_resamples_within_each_task():
+    """Each task's resamples draw from its own scores only, as many as it has: a task whose seeds all scored 5 keeps
+    5 in every resample, and a task's scores never turn up in another's."""
+    tasks = [np.full(3, 5.0), np.array([100.0, 200.0, 300.0]), np.array([7.0])]
+    samples = rep.stratified_bootstrap(tasks, lambda s: s, reps=1000)
+    assert [s.shape for s in samples] == [(1000, 3), (1000, 3), (1000, 1)]
+    assert np.all(samples[0] == 5.0) and np.all(samples[2] == 7.0)
+    assert np.all(np.isin(samples[1], tasks[1])) and len(np.unique(samples[1].mean(axis=1))) > 3  # it does resample
+    # a constant task's IQM is its value in every resample; the probability of beating a fixed reference too
+    iqm, above = rep.AGGREGATES
+    assert np.all(rep.stratified_bootstrap([np.full(4, 0.8)], iqm, reps=100) == 0.8)
+    assert np.all(rep.stratified_bootstrap([np.full(4, 0.8), np.full(2, 1.2)], above, reps=100) == 0.5)
+
+
+def test_report_across_tasks_section(tmp_path):
+    """Per task a bootstrap interval beside the reference and its protocol; per script the IQM of the scores divided
+    by the reference and P(run > reference mean), with stratified intervals; one-seed tasks get "-"."""
+    runs = tmp_path / "runs"
+    for seed, score in [(1, 1000.0), (2, 2000.0), (3, 3000.0)]:  # ÷ 2000: 0.5, 1 (a tie), 1.5
+        write_run(runs, f"Hopper-v5__ppo_continuous__{seed}__1700000000", returns=[score] * 10, total=1000)
+    write_run(runs, "Walker2d-v5__ppo_continuous__1__1700000000", returns=[500.0] * 10, total=1000)  # ÷ 1000: 0.5
+    write_run(runs, "Walker2d-v5__ppo_other__1__1700000000", returns=[1500.0] * 10, total=1000)
+    write_run(runs, "InvertedPendulum-v5__ppo_continuous__1__1700000000", returns=[900.0] * 10, total=1000)
+    refs = tmp_path / "refs.csv"
+    refs.write_text(
+        "env,score,source,their_env,protocol\nHopper-v5,2000,test cleanrl,Hopper-v4,p-hopper\n"
+        "Walker2d-v5,1000,test lab,,p-walker\n"
+    )
+    args = ["--refs", refs, "--last-n", 10, "--no-plots", "--bootstrap-reps", 2000]
+    res = run_report(runs, "--out", tmp_path / "out", *args)
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    hopper = table_row(text, "ppo_continuous", "Hopper-v5")  # the table of rows: the interval beside the reference
+    assert hopper[8:] == ["2000 (test cleanrl, Hopper-v4)", "1,000.0 to 3,000.0", "done"]  # 1/27 of means at each end
+    assert table_row(text, "ppo_continuous", "Walker2d-v5")[9] == "-"  # one seed: no interval
+    section = text.split("## Across tasks")[1].split("## References")[0]
+    assert "÷ its task's reference score" in section and "2,000 resamples" in section
+    assert "P(run > reference mean)" in section and "seed-to-seed spread is left out" in section
+    task = table_row(section, "Hopper-v5 (ppo_continuous, 1k steps)")
+    assert task[1:] == [
+        "3",
+        "2,000.0 ± 1,000.0",
+        "1,000.0 to 3,000.0",
+        "2000 (test cleanrl, Hopper-v4)",
+        "p-hopper",
+    ] + [
+        "1.00",
+        "0.50 to 1.50",
+        "1.5 of 3",
+    ]
+    walker = table_row(section, "Walker2d-v5 (ppo_continuous, 1k steps)")
+    assert walker[3] == "-" and walker[5:] == ["p-walker", "0.50", "-", "0 of 1"]
+    # IQM of 0.5, 0.5, 1, 1.5: the middle two, 0.75; P: Hopper 1.5 of 3, Walker 0 of 1, averaged: 0.25
+    agg = table_row(section, "ppo_continuous", "4")
+    assert agg[1] == "2 (Hopper-v5 1k steps, Walker2d-v5 1k steps)"
+    assert agg[3] == "0.75" and agg[5] == "0.25"
+    lo, hi = (float(x) for x in agg[4].split(" to "))
+    assert lo <= 0.75 <= hi and lo < hi
+    assert table_row(section, "ppo_other", "1")[3:] == ["1.50", "-", "1.00", "-"]  # every task one seed: no interval
+    assert "Left out, no numeric reference score: InvertedPendulum-v5 (ppo_continuous)." in section
+    again = run_report(runs, "--out", tmp_path / "again", *args)
+    assert again.returncode == 0
+    assert (tmp_path / "again" / "report.md").read_text().split("## Across tasks")[1] == text.split("## Across tasks")[
+        1
+    ]
+
+
+def test_report_across_tasks_without_references(report, tmp_path):
+    """No reference for any task: the section says so in one line; the fixture's references give Breakout's two
+    seeds a ratio to the first listed, the comparable one (326.5, measured on our env)."""
+    write_run(tmp_path / "runs", "Hopper-v5__ppo_continuous__1__1700000000", returns=[1.0] * 3)
+    res = run_report(tmp_path / "runs", "--out", tmp_path / "out", "--refs", "", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    assert "No task with a score has a numeric reference score: no aggregate." in res.stdout
+    section = (report[1] / "report.md").read_text().split("## Across tasks")[1].split("## References")[0]
+    breakout = table_row(section, "ALE_Breakout-v5 (ppo_atari, 15k steps)")
+    assert breakout[4] == "326.5 (test lab)" and breakout[6] == f"{104.5 / 326.5:.2f}"
+    assert "ALE_Pong-v5 (ppo_atari)" in section.split("Left out")[1]  # no reference for Pong in the fixture's file
