@@ -185,15 +185,17 @@ class HostEnvs:
         self.ret_rms.update(self.discounted)
         rewards = torch.as_tensor(np.clip(reward / np.sqrt(self.ret_rms.var + 1e-8), -10.0, 10.0), dtype=torch.float32)
         next_obs_n = self.obs_rms.normalize(next_obs, True)
-        cut = np.nonzero(truncated & ~terminated)[0]
-        if len(cut):  # a time limit, not the end of the episode: bootstrap from its last observation
-            final = self.obs_rms.normalize(np.stack([infos["final_obs"][i] for i in cut]), False)
-            rewards[cut] += self.gamma * value(torch.as_tensor(final, dtype=torch.float32, device=self.device)).cpu()
-        for i in np.nonzero(done)[0]:
-            self.episodes.append((global_step, self.episode_return[i], self.episode_length[i]))
-        self.episode_return[done] = 0.0
-        self.episode_length[done] = 0
-        self.discounted[done] = 0.0
+        if done.any():  # the ends of episodes: a few steps in a thousand, so not a cost of every step
+            cut = np.nonzero(truncated & ~terminated)[0]
+            if len(cut):  # a time limit, not the end of the episode: bootstrap from its last observation
+                final = self.obs_rms.normalize(np.stack([infos["final_obs"][i] for i in cut]), False)
+                final = torch.as_tensor(final, dtype=torch.float32, device=self.device)
+                rewards[cut] += self.gamma * value(final).cpu()
+            for i in np.nonzero(done)[0]:
+                self.episodes.append((global_step, self.episode_return[i], self.episode_length[i]))
+            self.episode_return[done] = 0.0
+            self.episode_length[done] = 0
+            self.discounted[done] = 0.0
         # side by side in one copy to the device, not three: on a GPU each small copy costs about as much as a big one
         host = np.concatenate([next_obs_n.ravel(), rewards.numpy(), done], dtype=np.float32)
         sizes = [next_obs_n.size, len(done), len(done)]

@@ -134,6 +134,7 @@ def test_discrete_env_gives_one_line_error(tmp_path):
         (["--seed", "-1"], r"--seed must be from 0 to 2\*\*32 - 1, got -1"),  # numpy's seeding: a traceback before
         (["--seed", str(2**32)], r"--seed must be from 0 to 2\*\*32 - 1, got 4294967296"),
         (["--preset", "worlds"], "--preset worlds is 4,096 envs for --sim mjx"),  # was 4,096 gymnasium envs at once
+        (["--compile-update", "on", "--cudagraphs"], "--compile-update on and --cudagraphs .* pass one"),
     ],
 )
 def test_bad_settings_raise_one_line_errors(argv, match):
@@ -648,3 +649,31 @@ def test_a_state_dependent_log_std_under_amp_and_compile_never_warns(tmp_path):
     errors = [value for _, value in scalars(run_dir(tmp_path))["losses/initial_ratio_error"]]
     assert len(errors) == 3 and max(errors) < 1e-5, errors
     assert not ratio_warnings(res.stdout), res.stdout
+
+
+# ---------------------------------------------------------------- the compiled update on the CPU (#64)
+def test_compile_update_auto_compiles_on_the_cpu_when_the_run_is_long_enough_to_pay():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    one_million = (1_000_000 // 2048) * 10 * 32  # HalfCheetah's defaults: 488 iterations of 10 epochs x 32 minibatches
+    readme_first_run = (81920 // 2048) * 10 * 32
+    assert pc.compile_update_choice("auto", cpu, one_million)[0]
+    compiled, why = pc.compile_update_choice("auto", cpu, readme_first_run)
+    assert not compiled and "12,800 minibatch steps are fewer than" in why and "--compile-update on" in why
+    assert pc.compile_update_choice("on", cpu, 10)[0] and not pc.compile_update_choice("off", cpu, one_million)[0]
+    assert not pc.compile_update_choice("auto", gpu, one_million)[0]  # a GPU keeps its captured update
+
+
+@pytest.mark.slow
+def test_the_compiled_update_learns_as_the_eager_one(tmp_path):
+    """--compile-update on: forward, backward, clipping and Adam's step as one compiled function on the CPU. After 4
+    iterations of 4 minibatch steps its weights equal the eager update's up to float rounding (3e-8 here)."""
+    models = {}
+    for setting in ("off", "on"):
+        (tmp_path / setting).mkdir()
+        args = ["--env-id", "Pendulum-v1", "--total-timesteps", "256", *TINY, "--save-model"]
+        res = run(tmp_path / setting, *args, "--compile-update", setting, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert f"update: {'compiled' if setting == 'on' else 'eager'} (--compile-update {setting})" in res.stdout
+        models[setting] = torch.load(run_dir(tmp_path / setting) / "ppo_continuous.model", weights_only=True)["model"]
+    for key, weight in models["off"].items():
+        torch.testing.assert_close(models["on"][key], weight, atol=1e-6, rtol=1e-5, msg=key)
