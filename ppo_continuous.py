@@ -2,6 +2,7 @@
 # Usage: python ppo_continuous.py --env-id HalfCheetah-v5      python ppo_continuous.py --preset heavy
 import collections
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -541,6 +542,8 @@ if __name__ == "__main__":
         print(f"update: {'compiled' if compiled else 'eager'} ({why})")
     if compiled:
         torch._dynamo.config.trace_autograd_ops = True
+        # Adam's step names itself for the profiler, which a compiled graph drops; dynamo's warning of it is noise here
+        logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(lambda r: "Profiler" not in str(r.msg))
         update = torch.compile(update)
     # --cudagraphs: the whole update step as one CUDA graph, replayed for every minibatch
     update_step = gpu_utils.CudaGraph(update, enabled=args.cudagraphs, name="update")
