@@ -4,6 +4,8 @@ of the mean over seeds, and across tasks the interquartile mean of reference-nor
 beating the reference, as Agarwal et al. (NeurIPS 2021) report scores (docs/results.md).
 
     python benchmark/report.py runs/ --out benchmark/results/
+    python benchmark/report.py runs/ --out benchmark/results/NAME/ --csv   # and each run's scalars as CSV
+    python benchmark/report.py benchmark/results/NAME/scalars/ --out benchmark/results/NAME/  # the same from them
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a
 DASH = "-"
 SMOOTH = 20  # episodes in the curves' moving average
 Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> [(step, wall time, value)]
+# A run's scalars CSV (--csv): per process, in its event files' order, its texts (tag text:<name>, step 0, the text in
+# the text column), every scalar event the report keeps (a redone one left out), in the order logged, then one
+# process:end row, its last step and wall time counting the redone events. Floats as repr: read back exactly.
+CSV_HEADER = ["process", "tag", "step", "wall_time", "value", "text"]
+CSV_TEXTS = ("hyperparameters", "device")  # the texts a run is rebuilt from
+CSV_END = "process:end"
 
 
 @dataclass
@@ -135,31 +143,66 @@ def mean_of_last(returns: np.ndarray, counts: np.ndarray, last_n: int) -> float 
     return float(np.dot(weights, returns) / weights.sum()) if len(returns) else None
 
 
-def load_run(path: str) -> Run | None:
-    """A run folder's segments, returns, SPS, statistics and status; None for a folder not named as a run."""
-    name = os.path.basename(os.path.normpath(path))
+@dataclass
+class Process:  # what one process logged: one event file, or its rows in a run's scalars CSV
+    scalars: Scalars
+    texts: dict[str, str]
+    last_step: int = 0  # its last step and its last event's wall time (its file's time if it logged no scalar),
+    last_time: float = 0.0  # counting the events a later process redid, which a CSV leaves out
+
+
+def device_name(texts: dict[str, str], tags) -> str:
+    gpu = any(tag.startswith("gpu/") or tag == "memory/peak_allocated_mib" for tag in tags)
+    return texts.get("device", "").strip() or ("GPU (name not logged)" if gpu else "not logged")
+
+
+def run_name(path: str) -> str:  # a run folder's name, or its scalars CSV's without .csv
+    return Path(path).stem if os.path.isfile(path) else os.path.basename(os.path.normpath(path))
+
+
+def load_run(path: str, csv_dir: str | None = None) -> Run | None:
+    """A run folder's (or a scalars CSV's, as --csv writes them) segments, returns, SPS, statistics and status; None
+    for one not named as a run. ``csv_dir``: also write the run's scalars CSV there."""
+    from_csv, name = os.path.isfile(path), run_name(path)
     parsed = parse_run_name(name)
     if parsed is None:
         return None
     run = Run(path, name, *parsed[:3])
-    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.startswith("events.out.tfevents"))
-    read = [read_event_file(file) for file in files]
-    parts = [(scalars, texts) for scalars, texts in read if scalars]  # not one that died at once
-    events = [[e for tag_events in scalars.values() for e in tag_events] for scalars, _ in parts]
+    if from_csv:
+        assemble_run(run, read_scalars_csv(path), csv_dir)
+        # no checkpoint and no lock beside a CSV: its status comes from its steps against its total (done at its last
+        # whole iteration), else from its last event's age, as for a run folder without a checkpoint
+        return run
+    processes = []
+    for file in sorted(os.path.join(path, f) for f in os.listdir(path) if f.startswith("events.out.tfevents")):
+        scalars, texts = read_event_file(file)
+        events = [e for tag_events in scalars.values() for e in tag_events]
+        last_time = max((e[1] for e in events), default=0.0) or os.path.getmtime(file)  # died before its first scalar
+        processes.append(Process(scalars, texts, max((e[0] for e in events), default=0), last_time))
+    assemble_run(run, processes, csv_dir)
+    read_checkpoint(run)
+    run.live = run_utils.run_is_live(path)
+    return run
+
+
+def assemble_run(run: Run, processes: list[Process], csv_dir: str | None = None) -> None:
+    """The run's figures from what its processes logged, in their files' order (``csv_dir``: and its scalars CSV)."""
+    parts = [p for p in processes if p.scalars]  # not one that died at once
+    events = [[e for tag_events in p.scalars.values() for e in tag_events] for p in parts]
     # a resumed process starts at its checkpoint's step: steps give the order, clocks only break ties
     order = sorted(range(len(parts)), key=lambda i: min((e[0], e[1]) for e in events[i]))
     starts = [min(e[0] for e in events[i]) for i in order]
-    returns, sps, stats = [], {}, {}
+    returns, sps, stats, kept_of = [], {}, {}, {}
     for i, start, keep_until in zip(order, starts, [*starts[1:], math.inf]):  # what came later was lost and redone
-        scalars, texts = parts[i]
-        kept = {tag: [e for e in tag_events if e[0] <= keep_until] for tag, tag_events in scalars.items()}
+        p = parts[i]
+        kept = {tag: [e for e in tag_events if e[0] <= keep_until] for tag, tag_events in p.scalars.items()}
+        kept = kept_of[id(p)] = {tag: tag_events for tag, tag_events in kept.items() if tag_events}
         kept_events = [e for tag_events in kept.values() for e in tag_events]  # its first event at least
-        gpu = any(tag.startswith("gpu/") or tag == "memory/peak_allocated_mib" for tag in scalars)
-        seg = Segment(texts.get("device", "").strip() or ("GPU (name not logged)" if gpu else "not logged"), start)
-        seg.lost_steps = max(0, max(e[0] for e in events[i]) - keep_until)
+        seg = Segment(device_name(p.texts, p.scalars), start)
+        seg.lost_steps = max(0, p.last_step - keep_until)
         seg.last_step = max(e[0] for e in kept_events)
         seg.wall_time = max(e[1] for e in kept_events) - min(e[1] for e in kept_events)
-        run.last_event = max(run.last_event, max(e[1] for e in events[i]))  # a crash's last words count for "stale"
+        run.last_event = max(run.last_event, p.last_time)  # a crash's last words count for "stale"
         counts = {e[0]: e[2] for e in kept.get(EPISODES_TAG, [])}  # logged at the same step as the mean
         seg_returns = [(e[0], e[2], counts.get(e[0], 1)) for e in kept.get(RETURN_TAG, [])]
         returns += seg_returns
@@ -170,8 +213,8 @@ def load_run(path: str) -> Run | None:
         for tag in STAT_TAGS.keys() & kept.keys():
             stats.setdefault(tag, []).extend((e[0], e[2]) for e in kept[tag])
         run.segments.append(seg)
-    for _, texts in read:  # also one that died at once: its budget puts it in its group's row
-        hparams = parse_hparams(texts.get("hyperparameters", ""))
+    for p in processes:  # also one that died at once: its budget puts it in its group's row
+        hparams = parse_hparams(p.texts.get("hyperparameters", ""))
         if hparams.get("total_timesteps", "").isdecimal():
             run.total_timesteps = int(hparams["total_timesteps"])
         envs, steps = hparams.get("num_envs", ""), hparams.get("num_steps", "1")  # DQN: one step per iteration
@@ -183,10 +226,55 @@ def load_run(path: str) -> Run | None:
     run.sps_by_device = {device: float(np.median(values)) for device, values in sps.items()}
     run.last_step = max((seg.last_step for seg in run.segments), default=0)
     run.wall_time = sum(seg.wall_time for seg in run.segments)
-    run.last_event = run.last_event or max(map(os.path.getmtime, files), default=0.0)  # died before its first scalar
-    read_checkpoint(run)
-    run.live = run_utils.run_is_live(path)
-    return run
+    run.last_event = run.last_event or max((p.last_time for p in processes), default=0.0)
+    if csv_dir:
+        write_scalars_csv(os.path.join(csv_dir, f"{run.name}.csv"), processes, kept_of)
+
+
+def write_scalars_csv(path: str, processes: list[Process], kept_of: dict[int, Scalars]) -> None:
+    """The run's scalars CSV (CSV_HEADER): what load_run rebuilds the same run from."""
+    rows = []
+    for n, p in enumerate(processes, 1):
+        kept = kept_of.get(id(p), {})
+        texts = {tag: p.texts[tag] for tag in CSV_TEXTS if tag in p.texts}
+        if device_name(p.texts, kept) != device_name(p.texts, p.scalars):  # named by GPU samples that were redone
+            texts["device"] = device_name(p.texts, p.scalars)
+        rows += [[n, f"text:{tag}", 0, "", "", text] for tag, text in texts.items()]
+        rows += [[n, tag, step, repr(t), repr(v), ""] for tag, tag_events in kept.items() for step, t, v in tag_events]
+        rows.append([n, CSV_END, p.last_step, repr(p.last_time), "", ""])
+    with open(path + ".tmp", "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(CSV_HEADER)
+        writer.writerows(rows)
+    os.replace(path + ".tmp", path)  # never half a file, even when it rewrites the CSV it was read from
+
+
+def is_scalars_csv(path: str) -> bool:
+    try:
+        with open(path, newline="", errors="replace") as f:
+            return f.readline().rstrip("\r\n") == ",".join(CSV_HEADER)
+    except OSError:
+        return False
+
+
+def read_scalars_csv(path: str) -> list[Process]:
+    """The processes of a run's scalars CSV, as write_scalars_csv wrote them."""
+    processes: dict[int, Process] = {}
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        next(reader, None)  # the header
+        try:
+            for n, tag, step, wall_time, value, text in reader:
+                p = processes.setdefault(int(n), Process({}, {}))
+                if tag.startswith("text:"):
+                    p.texts[tag.removeprefix("text:")] = text
+                elif tag == CSV_END:
+                    p.last_step, p.last_time = int(step), float(wall_time)
+                else:
+                    p.scalars.setdefault(tag, []).append((int(step), float(wall_time), float(value)))
+        except ValueError as exc:  # a cell that is not a number, a row of another length
+            raise SweepError(f"{path}, line {reader.line_num}: not a scalars CSV row ({exc})") from None
+    return [processes[n] for n in sorted(processes)]
 
 
 def parse_hparams(text: str) -> dict[str, str]:
@@ -603,6 +691,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--running-window", type=float, default=600, help="seconds after its last event a run is running")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
     p.add_argument(
+        "--csv",
+        action="store_true",
+        help="also write OUT/scalars/<run>.csv, each run's scalars and texts: the runs folder of the same report",
+    )
+    p.add_argument(
         "--bootstrap-reps", type=count(1), default=BOOTSTRAP_REPS, help="resamples behind each 95%% interval"
     )
     a = p.parse_args(argv)
@@ -615,14 +708,23 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
         why = "no such file" if isinstance(exc, FileNotFoundError) else exc
         raise SweepError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
-    folders = sorted(d for d, _, files in os.walk(a.runs_dir) if any(f.startswith("events.out") for f in files))
-    loaded = {d: load_run(d) for d in folders}
+    walk = [(d, files) for d, _, files in os.walk(a.runs_dir)]
+    folders = sorted(d for d, files in walk if any(f.startswith("events.out") for f in files))
+    names = {os.path.basename(os.path.normpath(d)) for d in folders}
+    csvs = [os.path.join(d, f) for d, files in walk for f in files if f.endswith(".csv")]  # --csv's, or others
+    # a run's event files win over its CSV (a report that wrote its CSVs into the runs folder reads the events again)
+    paths = folders + sorted(c for c in csvs if Path(c).stem not in names and is_scalars_csv(c))
+    if not any(parse_run_name(run_name(path)) for path in paths):
+        raise SweepError(
+            f"no run folders named env__exp__seed__timestamp with event files (or their --csv scalars) under "
+            f"'{a.runs_dir}'"
+        )
+    make_dir(a.out, "--out")
+    csv_dir = make_dir(os.path.join(a.out, "scalars"), "--out") if a.csv else None
+    loaded = {d: load_run(d, csv_dir) for d in paths}
     runs = sorted(
         (r for r in loaded.values() if r), key=lambda r: (r.exp, r.env, r.total_timesteps or 0, r.seed, r.name)
     )
-    if not runs:
-        raise SweepError(f"no run folders named env__exp__seed__timestamp with event files under '{a.runs_dir}'")
-    make_dir(a.out, "--out")
     now = time.time()
     # a seed per script and env: the run that got furthest (a seed restarted after a stop before its first checkpoint
     # left an earlier folder); the per-run table lists them all

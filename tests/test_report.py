@@ -3,7 +3,9 @@
 import contextlib
 import csv
 import io
+import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -624,3 +626,86 @@ def test_report_across_tasks_without_references(report, tmp_path):
     breakout = table_row(section, "ALE_Breakout-v5 (ppo_atari, 15k steps)")
     assert breakout[4] == "326.5 (test lab)" and breakout[6] == f"{104.5 / 326.5:.2f}"
     assert "ALE_Pong-v5 (ppo_atari)" in section.split("Left out")[1]  # no reference for Pong in the fixture's file
+
+
+def report_body(out):
+    """report.md from its first table on: the title names the folder read, the next line the time."""
+    text = (out / "report.md").read_text()
+    return re.sub(r"no event for \S+", "no event for T", text[text.index("| script") :])  # read a second apart
+
+
+def test_report_rebuilds_from_its_scalars_csv(tmp_path):
+    """Issue #65: --csv keeps each run's scalars and texts in OUT/scalars/<run>.csv, from which the same report is
+    rebuilt without the event files: every table, the resumed run's segments and its redone steps included."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    for seed, returns in [(1, [0.1 * i for i in range(120)]), (2, [3.0 + 0.7 * i for i in range(120)])]:
+        name = f"Hopper-v5__ppo_continuous__{seed}__1700000000"
+        write_run(runs, name, returns=returns, sps=[100.5, 99.25], sps_steps=[6000, 12000], total=12000)
+    # seed 3 crashed at 1,500 after its checkpoint at 1,200 and was resumed on a GPU that did not log its name
+    resumed = runs / "Hopper-v5__ppo_continuous__3__1700000000"
+    hparams = "|param|value|\n|-|-|\n|total_timesteps|2000|\n|num_envs|2|\n|num_steps|50|"
+    for start, last, t0, device in [(0, 1500, 1000.0, "CPU A"), (1200, 2000, 9000.0, None)]:
+        w = SummaryWriter(str(resumed))
+        w.add_text("hyperparameters", hparams)
+        if device:
+            w.add_text("device", device, start)
+        for step in range(start, last + 1, 100):
+            tags = {"charts/episodic_return": step / 7, "losses/entropy": 1 / (step + 3), "charts/SPS": 900.0 + step}
+            tags.update({"gpu/util_mean": 90.0} if device is None else {})
+            for tag, value in tags.items():
+                w.add_scalar(tag, value, step, walltime=t0 + step / 10)
+        w.close()
+    write_run(runs, "Hopper-v5__ppo_continuous__4__1700000000", total=2000)  # died before its first scalar
+    refs = tmp_path / "refs.csv"
+    refs.write_text("env,score,source\nHopper-v5,10,test\n")
+    args = ["--refs", refs, "--no-plots", "--bootstrap-reps", 200]
+    assert run_report(runs, "--out", out, "--csv", *args).returncode == 0
+    files = sorted(f.name for f in (out / "scalars").iterdir())
+    assert files == [f"Hopper-v5__ppo_continuous__{seed}__1700000000.csv" for seed in (1, 2, 3, 4)]
+    res = run_report(out / "scalars", "--out", tmp_path / "again", "--csv", *args)
+    assert res.returncode == 0, res.stderr
+    assert report_body(tmp_path / "again") == report_body(out)
+    for section in ("| script", "## Across tasks", "## Segments", "## Training statistics"):
+        assert section in report_body(out)
+    segments = report_body(out).split("## Segments")[1]
+    assert table_row(segments, resumed.name, "1")[2:4] == ["CPU A", "0–1,200"]
+    assert table_row(segments, resumed.name, "1")[-1] == "300"  # the redone steps, from the CSV too
+    assert table_row(segments, resumed.name, "2")[2:4] == ["GPU (name not logged)", "1,200–2,000"]
+    for f in files:  # a CSV rebuilds the CSV it came from
+        assert (tmp_path / "again" / "scalars" / f).read_bytes() == (out / "scalars" / f).read_bytes()
+    # beside the run folders (--csv without --out writes RUNS/scalars/), a run's event files win over its CSV
+    res = run_report(runs, "--csv", *args)
+    assert res.returncode == 0 and report_body(runs) == report_body(out) and (runs / "scalars" / files[0]).is_file()
+    assert run_report(runs, *args).returncode == 0 and report_body(runs) == report_body(out)
+    bad = tmp_path / "bad" / files[0]
+    bad.parent.mkdir()
+    bad.write_text("process,tag,step,wall_time,value,text\n1,charts/SPS,100,1000.0,fast,\n")
+    res = run_report(bad.parent, "--out", tmp_path / "o", *args)
+    why = "could not convert string to float: 'fast'"
+    assert res.returncode == 2 and res.stderr == f"error: {bad}, line 2: not a scalars CSV row ({why})\n"
+
+    with open(out / "scalars" / f"{resumed.name}.csv", newline="") as f:
+        reader = csv.reader(f)
+        assert next(reader) == ["process", "tag", "step", "wall_time", "value", "text"]
+        rows = list(reader)
+    texts = {(row[0], row[1]): row[5] for row in rows if row[1].startswith("text:")}
+    assert texts == {
+        ("1", "text:hyperparameters"): hparams,
+        ("1", "text:device"): "CPU A",
+        ("2", "text:hyperparameters"): hparams,
+    }
+    # each process's last step and wall time, the redone events counted: the redone steps and a run's age
+    assert [row[:5] for row in rows if row[1] == "process:end"] == [
+        ["1", "process:end", "1500", "1150.0", ""],
+        ["2", "process:end", "2000", "9200.0", ""],
+    ]
+    scalars = {}
+    for n, tag, step, wall_time, value, _ in rows:
+        if not tag.startswith(("text:", "process:")):
+            scalars.setdefault((int(n), tag), []).append((int(step), float(wall_time), float(value)))
+    # every event the event files hold, at full precision, but those after the step the next process resumed from
+    event_files = sorted(f for f in os.listdir(resumed) if f.startswith("events.out"))
+    for n, (file, keep_until) in enumerate(zip(event_files, [1200, math.inf]), 1):
+        for tag, events in rep.read_event_file(str(resumed / file))[0].items():
+            assert scalars.pop((n, tag)) == [e for e in events if e[0] <= keep_until], (n, tag)
+    assert scalars == {}
