@@ -22,6 +22,21 @@ SNAKE_LONGER_STEPS = 40_000
 SNAKE_LONGER = f"--total-timesteps {SNAKE_LONGER_STEPS} --learning-starts 100000000 --buffer-size 800".split()
 SNAKE_LONGER += ["--checkpoint-every", "10"]
 
+# `python -c SIGNAL_IN_SETUP <script> args...` runs the script as __main__ and sends itself SIGTERM when the run starts
+# its GPU monitor: during the set-up, after the run's folder, lock and event file exist, before the first iteration
+SIGNAL_IN_SETUP = """
+import os, runpy, signal, sys
+import gpu_utils
+start = gpu_utils.GPUMonitor.start
+def signalled(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return start(self)
+gpu_utils.GPUMonitor.start = signalled
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 INJECT = """
 import runpy, sys, torch
 layer = getattr(torch.nn, sys.argv.pop(1))

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error, at_update_prefix, oom_prefix, run_in_process, scalars
+from helpers import SIGNAL_IN_SETUP, assert_one_line_error, at_update_prefix, oom_prefix, run_in_process, scalars
 
 import run_utils
 
@@ -516,21 +516,6 @@ def test_resuming_a_finished_run_does_nothing(script, finished, tmp_path):
     assert "--eval-checkpoint" in res.stdout and res.stderr == ""
     assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint.pt"]  # no event file, no other file
     assert (run_dir / "checkpoint.pt").stat().st_mtime_ns == written
-
-
-# `python -c SIGNAL_IN_SETUP <script> args...` runs the script as __main__ and sends itself SIGTERM when the run starts
-# its GPU monitor: during the set-up, after the run's folder, lock and event file exist, before the first iteration
-SIGNAL_IN_SETUP = """
-import os, runpy, signal, sys
-import gpu_utils
-start = gpu_utils.GPUMonitor.start
-def signalled(self):
-    os.kill(os.getpid(), signal.SIGTERM)
-    return start(self)
-gpu_utils.GPUMonitor.start = signalled
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

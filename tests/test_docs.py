@@ -260,33 +260,17 @@ def test_the_state_dependent_log_std_example_applies_and_keeps_the_rollout_and_t
     assert len(errors) == 4 and max(errors) < 1e-6, errors
 
 
-# `python -c STOP_AFTER_FIRST_ITERATION <script> args...`: the script as __main__, sent SIGTERM as its set-up ends (when
-# its GPU monitor starts), so that it stops after its first iteration with a checkpoint to resume
-STOP_AFTER_FIRST_ITERATION = """
-import os, runpy, signal, sys
-import gpu_utils
-start = gpu_utils.GPUMonitor.start
-def signalled(self):
-    os.kill(os.getpid(), signal.SIGTERM)
-    return start(self)
-gpu_utils.GPUMonitor.start = signalled
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_the_critic_optimizer_example_applies_and_its_state_survives_a_resume(tmp_path):
     """A separate critic optimizer in at most 4 hunks: the run saves and loads it with the other states (one list of
     them), so a resumed run continues its Adam state rather than restarting it (#63: save and load each listed the
     optimizer by hand, and a resume silently restarted the new one)."""
     import torch
+    from helpers import SIGNAL_IN_SETUP  # SIGTERM as the set-up ends: the run stops after its first iteration
 
     heading = "Changing the optimizer: a separate critic optimizer"
     args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
     args += ["--total-timesteps", "256", "--checkpoint-every", "0", "--save-model"]
-    stopped = run_worked_example(
-        tmp_path, heading, "ppo_continuous.py", args, hunks=4, prefix=("-c", STOP_AFTER_FIRST_ITERATION)
-    )
+    stopped = run_worked_example(tmp_path, heading, "ppo_continuous.py", args, hunks=4, prefix=("-c", SIGNAL_IN_SETUP))
     assert stopped.returncode == 0 and "stopping on SIGTERM" in stopped.stdout, stopped.stdout[-2000:]
     (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoint.pt")
     first = torch.load(ckpt_path, weights_only=True)
