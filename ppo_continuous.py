@@ -278,7 +278,7 @@ class Gaussian:
 
 # the rollout and the loss disagree when an iteration's first minibatch's ratios, before any step, are off by more than
 # this (root mean square). Rounding on the CPU, the largest over whole runs (dev/ratio_rounding.py): fp32 7e-7,
-# bf16 (--amp) 5.7e-5. Wrong scripts measured 0.018 to 0.10 (#59, #63: an acting copy never synced, a log-std
+# bf16 (--amp) 5.7e-5. Wrong scripts measured 0.028 to 0.18 (#59, #63: an acting copy never synced, a log-std
 # head for the loss alone)
 RATIO_ERROR_WARNING = 1e-3
 
