@@ -106,8 +106,7 @@ def stop_in_one_line() -> None:
     and status 128 + the signal: not a traceback, nor a KeyboardInterrupt's C++ abort in MuJoCo's callback."""
 
     def stop(signum: int, why: str) -> None:
-        for run_dir in MADE_RUN_DIRS:  # a stop while the run opens: its folder goes again
-            shutil.rmtree(run_dir, ignore_errors=True)
+        remove_made_run_dirs()  # a stop while the run opens: its folder goes again
         sys.stdout.flush()
         print(f"stopped on {why}: nothing was written", file=sys.stderr, flush=True)
         os._exit(128 + signum)  # not sys.exit: an exception cannot cross the C++ frames a signal may arrive in
@@ -384,6 +383,11 @@ MADE_RUN_DIRS: list[str] = []
 it again, so that "nothing was written" holds (no folder left with a lock and no checkpoint)."""
 
 
+def remove_made_run_dirs() -> None:
+    for run_dir in MADE_RUN_DIRS:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def new_run_dir(name: str) -> str:
     """Make runs/``name`` and return its name, or the next free second's when a run started in the same second."""
     prefix, stamp = name.rsplit("__", 1)
@@ -392,9 +396,10 @@ def new_run_dir(name: str) -> str:
         os.makedirs("runs", exist_ok=True)
         while True:
             try:  # made or refused at once: two runs starting together cannot both take one name
-                os.mkdir(os.path.join("runs", f"{prefix}__{second}"))
-                MADE_RUN_DIRS.append(os.path.join("runs", f"{prefix}__{second}"))
-                return f"{prefix}__{second}"
+                made = f"{prefix}__{second}"
+                os.mkdir(os.path.join("runs", made))
+                MADE_RUN_DIRS.append(os.path.join("runs", made))
+                return made
             except FileExistsError:
                 second += 1
     except OSError as exc:  # a read-only folder, a file named runs
@@ -467,12 +472,12 @@ def open_run(
         run_dir = run_folder(run_name, args.resume, is_main)
         writer = open_logs(run_dir, args, device, step, ckpt and ckpt["wandb_id"]) if is_main else None
     except (ValueError, OSError) as exc:  # W&B's init, say, in a folder it cannot write
-        for made in MADE_RUN_DIRS:
-            shutil.rmtree(made, ignore_errors=True)
+        remove_made_run_dirs()
+        message = str(exc)
         if isinstance(exc, OSError):
             where = f": {exc.filename}" if exc.filename else ""
-            exc = f"cannot open the run ({exc.strerror or exc}{where}); start it in a writable folder"
-        print(f"error: {exc}", file=sys.stderr)
+            message = f"cannot open the run ({exc.strerror or exc}{where}); start it in a writable folder"
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     stop = stop_on_signals(is_main)
     MADE_RUN_DIRS.clear()  # the run is open: from now on a stop keeps it, with a checkpoint
