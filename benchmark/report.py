@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import gzip
+import io
 import itertools
 import math
 import os
@@ -47,9 +49,10 @@ STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a
 DASH = "-"
 SMOOTH = 20  # episodes in the curves' moving average
 Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> [(step, wall time, value)]
-# A run's scalars CSV (--csv): per process, in its event files' order, its texts (tag text:<name>, step 0, the text in
-# the text column), every scalar event the report keeps (a redone one left out), in the order logged, then one
-# process:end row, its last step and wall time counting the redone events. Floats as repr: read back exactly.
+# A run's scalars CSV (--csv writes <run>.csv.gz, a quarter of the event files' size; an unzipped one reads the same):
+# per process, in its event files' order, its texts (tag text:<name>, step 0, the text in the text column), every
+# scalar event the report keeps (a redone one left out), in the order logged, then one process:end row, its last step
+# and wall time counting the redone events. Floats as repr: read back exactly.
 CSV_HEADER = ["process", "tag", "step", "wall_time", "value", "text"]
 CSV_TEXTS = ("hyperparameters", "device")  # the texts a run is rebuilt from
 CSV_END = "process:end"
@@ -156,8 +159,13 @@ def device_name(texts: dict[str, str], tags) -> str:
     return texts.get("device", "").strip() or ("GPU (name not logged)" if gpu else "not logged")
 
 
-def run_name(path: str) -> str:  # a run folder's name, or its scalars CSV's without .csv
-    return Path(path).stem if os.path.isfile(path) else os.path.basename(os.path.normpath(path))
+def run_name(path: str) -> str:  # a run folder's name, or its scalars CSV's without .csv(.gz)
+    name = os.path.basename(os.path.normpath(path))
+    return name.removesuffix(".gz").removesuffix(".csv") if os.path.isfile(path) else name
+
+
+def open_csv(path: str):  # a scalars CSV for reading, gzipped or not
+    return gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")
 
 
 def load_run(path: str, csv_dir: str | None = None) -> Run | None:
@@ -228,11 +236,11 @@ def assemble_run(run: Run, processes: list[Process], csv_dir: str | None = None)
     run.wall_time = sum(seg.wall_time for seg in run.segments)
     run.last_event = run.last_event or max((p.last_time for p in processes), default=0.0)
     if csv_dir:
-        write_scalars_csv(os.path.join(csv_dir, f"{run.name}.csv"), processes, kept_of)
+        write_scalars_csv(os.path.join(csv_dir, f"{run.name}.csv.gz"), processes, kept_of)
 
 
 def write_scalars_csv(path: str, processes: list[Process], kept_of: dict[int, Scalars]) -> None:
-    """The run's scalars CSV (CSV_HEADER): what load_run rebuilds the same run from."""
+    """The run's scalars CSV (CSV_HEADER), gzipped: what load_run rebuilds the same run from."""
     rows = []
     for n, p in enumerate(processes, 1):
         kept = kept_of.get(id(p), {})
@@ -242,25 +250,27 @@ def write_scalars_csv(path: str, processes: list[Process], kept_of: dict[int, Sc
         rows += [[n, f"text:{tag}", 0, "", "", text] for tag, text in texts.items()]
         rows += [[n, tag, step, repr(t), repr(v), ""] for tag, tag_events in kept.items() for step, t, v in tag_events]
         rows.append([n, CSV_END, p.last_step, repr(p.last_time), "", ""])
-    with open(path + ".tmp", "w", newline="") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(CSV_HEADER)
-        writer.writerows(rows)
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(CSV_HEADER)
+    writer.writerows(rows)
+    with open(path + ".tmp", "wb") as f:  # mtime 0 and no name in the header: the same scalars, the same bytes
+        f.write(gzip.compress(text.getvalue().encode(), compresslevel=9, mtime=0))
     os.replace(path + ".tmp", path)  # never half a file, even when it rewrites the CSV it was read from
 
 
 def is_scalars_csv(path: str) -> bool:
     try:
-        with open(path, newline="", errors="replace") as f:
+        with open_csv(path) as f:
             return f.readline().rstrip("\r\n") == ",".join(CSV_HEADER)
-    except OSError:
+    except (OSError, UnicodeDecodeError, EOFError):
         return False
 
 
 def read_scalars_csv(path: str) -> list[Process]:
     """The processes of a run's scalars CSV, as write_scalars_csv wrote them."""
     processes: dict[int, Process] = {}
-    with open(path, newline="") as f:
+    with open_csv(path) as f:
         reader = csv.reader(f)
         next(reader, None)  # the header
         try:
@@ -693,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--csv",
         action="store_true",
-        help="also write OUT/scalars/<run>.csv, each run's scalars and texts: the runs folder of the same report",
+        help="also write OUT/scalars/<run>.csv.gz, each run's scalars and texts: the runs folder of the same report",
     )
     p.add_argument(
         "--bootstrap-reps", type=count(1), default=BOOTSTRAP_REPS, help="resamples behind each 95%% interval"
@@ -711,9 +721,10 @@ def main(argv: list[str] | None = None) -> int:
     walk = [(d, files) for d, _, files in os.walk(a.runs_dir)]
     folders = sorted(d for d, files in walk if any(f.startswith("events.out") for f in files))
     names = {os.path.basename(os.path.normpath(d)) for d in folders}
-    csvs = [os.path.join(d, f) for d, files in walk for f in files if f.endswith(".csv")]  # --csv's, or others
+    # --csv's scalars (gzipped, or unzipped by a user), or other CSVs
+    csvs = [os.path.join(d, f) for d, files in walk for f in files if f.endswith((".csv", ".csv.gz"))]
     # a run's event files win over its CSV (a report that wrote its CSVs into the runs folder reads the events again)
-    paths = folders + sorted(c for c in csvs if Path(c).stem not in names and is_scalars_csv(c))
+    paths = folders + sorted(c for c in csvs if run_name(c) not in names and is_scalars_csv(c))
     if not any(parse_run_name(run_name(path)) for path in paths):
         raise SweepError(
             f"no run folders named env__exp__seed__timestamp with event files (or their --csv scalars) under "

@@ -2,6 +2,7 @@
 
 import contextlib
 import csv
+import gzip
 import io
 import math
 import os
@@ -635,8 +636,9 @@ def report_body(out):
 
 
 def test_report_rebuilds_from_its_scalars_csv(tmp_path):
-    """Issue #65: --csv keeps each run's scalars and texts in OUT/scalars/<run>.csv, from which the same report is
-    rebuilt without the event files: every table, the resumed run's segments and its redone steps included."""
+    """Issue #65: --csv keeps each run's scalars and texts in OUT/scalars/<run>.csv.gz (a gzipped CSV, a quarter of
+    the event files' size), from which the same report is rebuilt without the event files: every table, the resumed
+    run's segments and its redone steps included. A CSV a user unzipped reads the same."""
     runs, out = tmp_path / "runs", tmp_path / "out"
     for seed, returns in [(1, [0.1 * i for i in range(120)]), (2, [3.0 + 0.7 * i for i in range(120)])]:
         name = f"Hopper-v5__ppo_continuous__{seed}__1700000000"
@@ -661,7 +663,7 @@ def test_report_rebuilds_from_its_scalars_csv(tmp_path):
     args = ["--refs", refs, "--no-plots", "--bootstrap-reps", 200]
     assert run_report(runs, "--out", out, "--csv", *args).returncode == 0
     files = sorted(f.name for f in (out / "scalars").iterdir())
-    assert files == [f"Hopper-v5__ppo_continuous__{seed}__1700000000.csv" for seed in (1, 2, 3, 4)]
+    assert files == [f"Hopper-v5__ppo_continuous__{seed}__1700000000.csv.gz" for seed in (1, 2, 3, 4)]
     res = run_report(out / "scalars", "--out", tmp_path / "again", "--csv", *args)
     assert res.returncode == 0, res.stderr
     assert report_body(tmp_path / "again") == report_body(out)
@@ -671,20 +673,26 @@ def test_report_rebuilds_from_its_scalars_csv(tmp_path):
     assert table_row(segments, resumed.name, "1")[2:4] == ["CPU A", "0–1,200"]
     assert table_row(segments, resumed.name, "1")[-1] == "300"  # the redone steps, from the CSV too
     assert table_row(segments, resumed.name, "2")[2:4] == ["GPU (name not logged)", "1,200–2,000"]
-    for f in files:  # a CSV rebuilds the CSV it came from
+    for f in files:  # a CSV rebuilds the CSV it came from, byte for byte (no time stamp in the gzip header)
         assert (tmp_path / "again" / "scalars" / f).read_bytes() == (out / "scalars" / f).read_bytes()
+    unzipped = tmp_path / "unzipped"
+    unzipped.mkdir()
+    for f in files:
+        (unzipped / f.removesuffix(".gz")).write_bytes(gzip.decompress((out / "scalars" / f).read_bytes()))
+    res = run_report(unzipped, "--out", tmp_path / "plain", *args)
+    assert res.returncode == 0 and report_body(tmp_path / "plain") == report_body(out)
     # beside the run folders (--csv without --out writes RUNS/scalars/), a run's event files win over its CSV
     res = run_report(runs, "--csv", *args)
     assert res.returncode == 0 and report_body(runs) == report_body(out) and (runs / "scalars" / files[0]).is_file()
     assert run_report(runs, *args).returncode == 0 and report_body(runs) == report_body(out)
-    bad = tmp_path / "bad" / files[0]
+    bad = tmp_path / "bad" / files[0].removesuffix(".gz")
     bad.parent.mkdir()
     bad.write_text("process,tag,step,wall_time,value,text\n1,charts/SPS,100,1000.0,fast,\n")
     res = run_report(bad.parent, "--out", tmp_path / "o", *args)
     why = "could not convert string to float: 'fast'"
     assert res.returncode == 2 and res.stderr == f"error: {bad}, line 2: not a scalars CSV row ({why})\n"
 
-    with open(out / "scalars" / f"{resumed.name}.csv", newline="") as f:
+    with gzip.open(out / "scalars" / f"{resumed.name}.csv.gz", "rt", newline="") as f:
         reader = csv.reader(f)
         assert next(reader) == ["process", "tag", "step", "wall_time", "value", "text"]
         rows = list(reader)
