@@ -419,7 +419,7 @@ def prob_above(tasks: list[np.ndarray], refs: list[float]) -> np.ndarray:
     return np.mean([np.mean((x > ref) + 0.5 * (x == ref), axis=-1) for x, ref in zip(tasks, refs)], axis=0)
 
 
-AGGREGATES = [  # of one (resamples, seeds) array of scores ÷ reference per task: the reference is 1 in each
+AGGREGATES = [  # of one (resamples, seeds) array of normalised scores per task: the reference is 1 in each
     lambda tasks: iqm(np.concatenate(tasks, axis=-1)),
     lambda tasks: prob_above(tasks, [1.0] * len(tasks)),
 ]
@@ -429,15 +429,27 @@ def fmt_interval(interval: tuple[float, float] | None, digits: int = 1) -> str:
     return DASH if interval is None else f"{fmt(interval[0], digits)} to {fmt(interval[1], digits)}"
 
 
-def numeric_reference(refs: list[Reference]) -> tuple[Reference, float] | None:
+def numeric_reference(refs: list[Reference], random: float = 0.0) -> tuple[Reference, float] | None:
     """The reference a task is normalised by: the first listed (one measured on our env where there is one) whose
-    score is a positive number (a ratio to zero or a negative score means nothing)."""
+    score is a number above ``random``, the score normalised to 0 (one at or below it leaves nothing to divide by)."""
     for ref in refs:
         with contextlib.suppress(ValueError):
             value = float(ref.score.replace(",", ""))
-            if value > 0 and math.isfinite(value):
+            if value > random and math.isfinite(value):
                 return ref, value
     return None
+
+
+def load_random_scores(path: str) -> dict[str, float]:
+    """env tag (ALE_Breakout-v5) -> a random policy's score, from a CSV with env and score (random_scores.py writes
+    it); an empty path: none. A missing file or column raises (OSError, ValueError)."""
+    if not path:
+        return {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if not {"env", "score"} <= set(reader.fieldnames or []):
+            raise ValueError("no env and score columns in its header")
+        return {row["env"].strip().replace("/", "_"): float(row["score"]) for row in reader if row["env"].strip()}
 
 
 def seed_groups(runs: list[Run]):
@@ -475,24 +487,39 @@ def group_table(
     return md_table([*header, "wall time", "SPS", "device", "reference", ci_header, "status"], rows)
 
 
-def aggregate_section(runs: list[Run], refs: dict[str, list[Reference]], last_n: int, reps: int) -> list[str]:
-    """Each task's scores as ratios to its reference, beside the reference and its protocol, then per script the IQM of
-    its runs' ratios and how often a run beats the reference, each with a stratified bootstrap interval."""
-    tasks, no_ref = {}, []  # exp -> [(env, budget, scores, reference, its value)]
+def aggregate_section(
+    runs: list[Run], refs: dict[str, list[Reference]], randoms: dict[str, float], last_n: int, reps: int
+) -> list[str]:
+    """Each task's normalised scores, beside the reference and its protocol and the random policy's score, then per
+    script the IQM of its runs' normalised scores and how often a run beats the reference, each with a stratified
+    bootstrap interval. A script whose every task has a random score: (score - random) / (reference - random); else
+    score / reference, the random policy taken as 0."""
+    groups = {}  # exp -> [(env, budget, scores)]
     for exp, env, total, group in seed_groups(runs):
         scores = np.array([f for f in (r.final_return(last_n) for r in group) if f is not None])
-        found = numeric_reference(refs.get(env, []))
-        if len(scores) and found:
-            tasks.setdefault(exp, []).append((env, f"{fmt_steps(total)} steps" if total else "", scores, *found))
-        elif len(scores):
-            no_ref.append(f"{env} ({exp})")
+        if len(scores):
+            groups.setdefault(exp, []).append((env, f"{fmt_steps(total)} steps" if total else "", scores))
+    tasks, no_ref = {}, []  # exp -> [(env, budget, scores, reference, its value, random or None)]
+    for exp, members in groups.items():
+        with_random = all(env in randoms for env, *_ in members)  # one normalisation for all of a script's tasks
+        for env, budget, scores in members:
+            random = randoms[env] if with_random else None
+            found = numeric_reference(refs.get(env, []), random or 0.0)
+            if found:
+                tasks.setdefault(exp, []).append((env, budget, scores, *found, random))
+            else:
+                no_ref.append(f"{env} ({exp})")
     if not tasks:
         return ["", "## Across tasks", "", "No task with a score has a numeric reference score: no aggregate."]
     intro = (
-        "As Agarwal et al. (NeurIPS 2021, rliable) report scores. Normalised score: a run's score (its last "
-        f"{last_n} episodes' mean, as above) ÷ its task's reference score, the first listed for the env with a "
-        "positive score (one measured on our env where there is one), shown here with its protocol; no random-agent "
-        "score is subtracted, so 1 is the reference's score and 0 a score of 0. A task is a row of the table above "
+        "As Agarwal et al. (NeurIPS 2021, rliable) report scores. Normalised score: (a run's score − a random "
+        "policy's) ÷ (the reference score − a random policy's), so 0 is a random policy and 1 the reference on every "
+        f"task; a run's score is its last {last_n} episodes' mean, as above; the reference is the first listed for the "
+        "env with a score above the random policy's (one measured on our env where there is one), shown here with its "
+        "protocol; the random policy's score is ours, on our env (--random, benchmark/random_scores.py: uniform "
+        "random actions, 100 episodes). A script with a task that has no random score is normalised by the reference "
+        "alone (score ÷ reference, the random policy taken as 0, shown -; a reference must be positive). A task is a "
+        "row of the table above "
         "(script, env, budget), its runs counted where they stand, finished or not. IQM: the mean of the middle half "
         "of all of a script's runs' normalised scores (25% cut at each end). P(run > reference mean): per task, the "
         "fraction of our runs that score above the reference's published mean (a tie counts half), averaged over "
@@ -506,20 +533,21 @@ def aggregate_section(runs: list[Run], refs: dict[str, list[Reference]], last_n:
     )
     task_rows, agg_rows = [], []
     for exp, members in tasks.items():
-        for env, budget, scores, ref, value in members:
+        for env, budget, scores, ref, value, random in members:
             ours = fmt(float(np.mean(scores)), 1) + (
                 f" ± {fmt(float(np.std(scores, ddof=1)), 1)}" if len(scores) > 1 else ""
             )
             measured = "" if ref.ours else f", {ref.their_env}"
-            ratios = scores / value
+            ratios = (scores - (random or 0.0)) / (value - (random or 0.0))
             above = np.sum(scores > value) + 0.5 * np.sum(scores == value)
             task_rows.append(
                 [f"{env} ({', '.join(filter(None, [exp, budget]))})", len(scores), ours]
                 + [fmt_interval(mean_interval(list(scores), reps)), f"{ref.score} ({ref.source}{measured})"]
-                + [ref.protocol or DASH, f"{np.mean(ratios):.2f}", fmt_interval(mean_interval(list(ratios), reps), 2)]
+                + [ref.protocol or DASH, DASH if random is None else fmt(random, 1), f"{np.mean(ratios):.2f}"]
+                + [fmt_interval(mean_interval(list(ratios), reps), 2)]
                 + [f"{above:g} of {len(scores)}"]
             )
-        strata = [scores / value for *_, scores, _, value in members]
+        strata = [(scores - (random or 0.0)) / (value - (random or 0.0)) for *_, scores, _, value, random in members]
         one_each = all(len(t) == 1 for t in strata)  # nothing to resample: no interval
         cells = []
         for stat in AGGREGATES:
@@ -530,8 +558,8 @@ def aggregate_section(runs: list[Run], refs: dict[str, list[Reference]], last_n:
         agg_rows.append([exp, f"{len(members)} ({names})", sum(len(t) for t in strata), *cells])
     ci = f"{CI_LEVEL:.0%} CI"
     task_header = ["task", "seeds", f"ours, last {last_n} episodes (mean ± std)", ci, "reference", "its protocol"]
-    task_header += ["ours ÷ reference (mean)", ci, "runs above the reference mean"]
-    agg_header = ["script", "tasks", "runs", "IQM of ours ÷ reference", ci, "P(run > reference mean)", ci]
+    task_header += ["random policy", "ours, normalised (mean)", ci, "runs above the reference mean"]
+    agg_header = ["script", "tasks", "runs", "IQM of the normalised scores", ci, "P(run > reference mean)", ci]
     lines = [
         "",
         "## Across tasks",
@@ -543,7 +571,7 @@ def aggregate_section(runs: list[Run], refs: dict[str, list[Reference]], last_n:
         *md_table(agg_header, agg_rows),
     ]
     if no_ref:
-        lines += ["", "Left out, no numeric reference score: " + ", ".join(no_ref) + "."]
+        lines += ["", "Left out, no numeric reference score above the random policy's: " + ", ".join(no_ref) + "."]
     return lines
 
 
@@ -697,6 +725,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs_dir", help="the folder of the run folders (runs/)")
     p.add_argument("--out", help="folder for report.md and the PNGs (default: the runs folder)")
     p.add_argument("--refs", default=os.path.join(HERE, "reference_scores.csv"), help="reference scores ('': none)")
+    p.add_argument(
+        "--random",
+        default=os.path.join(HERE, "random_scores.csv"),
+        help="a random policy's score per env, the 0 of the normalised scores (random_scores.py writes it; '': none)",
+    )
     p.add_argument("--last-n", type=count(1), default=100, help="episodes averaged at the end of each run")
     p.add_argument("--running-window", type=float, default=600, help="seconds after its last event a run is running")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
@@ -718,6 +751,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # a mistyped --refs must not turn into "no published reference"
         why = "no such file" if isinstance(exc, FileNotFoundError) else exc
         raise SweepError(f"--refs {a.refs!r}: {why}; pass a CSV with env, score and source, or --refs ''") from None
+    try:
+        randoms = load_random_scores(a.random)
+    except (OSError, ValueError) as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else exc
+        raise SweepError(f"--random {a.random!r}: {why}; pass a CSV with env and score, or --random ''") from None
     walk = [(d, files) for d, _, files in os.walk(a.runs_dir)]
     folders = sorted(d for d, files in walk if any(f.startswith("events.out") for f in files))
     names = {os.path.basename(os.path.normpath(d)) for d in folders}
@@ -750,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
     tables += ["Per run:", ""]
     tables += [
         *run_table(runs, a.last_n, now, a.running_window),
-        *aggregate_section(seeds, refs, a.last_n, a.bootstrap_reps),
+        *aggregate_section(seeds, refs, randoms, a.last_n, a.bootstrap_reps),
     ]
     tables += [*segments_section(runs), *stats_section(runs), ""]
     table = "\n".join([*tables, *references_section(sorted({r.env for r in runs}), refs)]) + "\n"

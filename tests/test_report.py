@@ -23,6 +23,7 @@ torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmark")
 sys.path.insert(0, BENCH)
+import random_scores  # noqa: E402
 import report as rep  # noqa: E402
 
 sys.path.remove(BENCH)
@@ -577,7 +578,7 @@ def test_report_across_tasks_section(tmp_path):
         "env,score,source,their_env,protocol\nHopper-v5,2000,test cleanrl,Hopper-v4,p-hopper\n"
         "Walker2d-v5,1000,test lab,,p-walker\n"
     )
-    args = ["--refs", refs, "--last-n", 10, "--no-plots", "--bootstrap-reps", 2000]
+    args = ["--refs", refs, "--random", "", "--last-n", 10, "--no-plots", "--bootstrap-reps", 2000]
     res = run_report(runs, "--out", tmp_path / "out", *args)
     assert res.returncode == 0, res.stderr
     text = (tmp_path / "out" / "report.md").read_text()
@@ -585,7 +586,7 @@ def test_report_across_tasks_section(tmp_path):
     assert hopper[8:] == ["2000 (test cleanrl, Hopper-v4)", "1,000.0 to 3,000.0", "done"]  # 1/27 of means at each end
     assert table_row(text, "ppo_continuous", "Walker2d-v5")[9] == "-"  # one seed: no interval
     section = text.split("## Across tasks")[1].split("## References")[0]
-    assert "÷ its task's reference score" in section and "2,000 resamples" in section
+    assert "normalised by the reference alone" in section and "2,000 resamples" in section
     assert "P(run > reference mean)" in section and "seed-to-seed spread is left out" in section
     task = table_row(section, "Hopper-v5 (ppo_continuous, 1k steps)")
     assert task[1:] == [
@@ -595,12 +596,13 @@ def test_report_across_tasks_section(tmp_path):
         "2000 (test cleanrl, Hopper-v4)",
         "p-hopper",
     ] + [
+        "-",  # no random score: none subtracted
         "1.00",
         "0.50 to 1.50",
         "1.5 of 3",
     ]
     walker = table_row(section, "Walker2d-v5 (ppo_continuous, 1k steps)")
-    assert walker[3] == "-" and walker[5:] == ["p-walker", "0.50", "-", "0 of 1"]
+    assert walker[3] == "-" and walker[5:] == ["p-walker", "-", "0.50", "-", "0 of 1"]
     # IQM of 0.5, 0.5, 1, 1.5: the middle two, 0.75; P: Hopper 1.5 of 3, Walker 0 of 1, averaged: 0.25
     agg = table_row(section, "ppo_continuous", "4")
     assert agg[1] == "2 (Hopper-v5 1k steps, Walker2d-v5 1k steps)"
@@ -608,12 +610,71 @@ def test_report_across_tasks_section(tmp_path):
     lo, hi = (float(x) for x in agg[4].split(" to "))
     assert lo <= 0.75 <= hi and lo < hi
     assert table_row(section, "ppo_other", "1")[3:] == ["1.50", "-", "1.00", "-"]  # every task one seed: no interval
-    assert "Left out, no numeric reference score: InvertedPendulum-v5 (ppo_continuous)." in section
+    left_out = "Left out, no numeric reference score above the random policy's: InvertedPendulum-v5 (ppo_continuous)."
+    assert left_out in section
     again = run_report(runs, "--out", tmp_path / "again", *args)
     assert again.returncode == 0
     assert (tmp_path / "again" / "report.md").read_text().split("## Across tasks")[1] == text.split("## Across tasks")[
         1
     ]
+
+
+def test_report_normalises_by_a_random_policys_score(tmp_path):
+    """Issue #65: where every task of a script has a random policy's score, (score - random) / (reference - random):
+    0 is a random policy and 1 the reference, and a negative reference counts (CleanRL's Pusher, -40.38, which a
+    ratio cannot use). A script with a task without one divides by the reference alone, all its tasks alike."""
+    runs = tmp_path / "runs"
+    for seed, score in [(1, 1100.0), (2, 2000.0), (3, 2900.0)]:  # (x - 200) / 1,800: 0.5, 1 (a tie), 1.5
+        write_run(runs, f"Hopper-v5__ppo_continuous__{seed}__1700000000", returns=[score] * 10, total=1000)
+    for seed, score in [(1, -95.0), (2, -18.0)]:  # (x + 150) / 110: 0.5, 1.2
+        write_run(runs, f"Pusher-v5__ppo_continuous__{seed}__1700000000", returns=[score] * 10, total=1000)
+    write_run(runs, "Hopper-v5__ppo_other__1__1700000000", returns=[1000.0] * 10, total=1000)  # ÷ 2,000: 0.5
+    write_run(runs, "Walker2d-v5__ppo_other__1__1700000000", returns=[1500.0] * 10, total=1000)  # ÷ 1,000: 1.5
+    refs, randoms = tmp_path / "refs.csv", tmp_path / "random.csv"
+    refs.write_text("env,score,source\nHopper-v5,2000,test\nPusher-v5,-40,test\nWalker2d-v5,1000,test\n")
+    randoms.write_text("env,score,std_error\nHopper-v5,200,1.5\nPusher-v5,-150,0.5\n")
+    args = ["--refs", refs, "--random", randoms, "--last-n", 10, "--no-plots", "--bootstrap-reps", 500]
+    res = run_report(runs, "--out", tmp_path / "out", *args)
+    assert res.returncode == 0, res.stderr
+    section = (tmp_path / "out" / "report.md").read_text().split("## Across tasks")[1].split("## References")[0]
+    hopper = table_row(section, "Hopper-v5 (ppo_continuous, 1k steps)")
+    assert hopper[6:8] == ["200.0", "1.00"] and hopper[9] == "1.5 of 3"
+    pusher = table_row(section, "Pusher-v5 (ppo_continuous, 1k steps)")
+    assert pusher[4] == "-40 (test)" and pusher[6:8] == ["-150.0", "0.85"] and pusher[9] == "1 of 2"
+    # IQM of 0.5, 0.5, 1, 1.2, 1.5: one cut at each end, (0.5 + 1 + 1.2) / 3 = 0.9; P: (1.5 / 3 + 1 / 2) / 2 = 0.5
+    agg = table_row(section, "ppo_continuous", "5")
+    assert agg[1] == "2 (Hopper-v5 1k steps, Pusher-v5 1k steps)" and agg[3] == "0.90" and agg[5] == "0.50"
+    # ppo_other's Walker2d has no random score: both its tasks divide by the reference, Hopper's random unused
+    assert table_row(section, "Hopper-v5 (ppo_other, 1k steps)")[6:8] == ["-", "0.50"]
+    assert table_row(section, "Walker2d-v5 (ppo_other, 1k steps)")[6:8] == ["-", "1.50"]
+    assert table_row(section, "ppo_other", "2")[3] == "1.00"
+    assert "Left out" not in section
+    (tmp_path / "bad.csv").write_text("game,points\nHopper-v5,3\n")
+    for path, words in [(tmp_path / "typo.csv", "no such file"), (tmp_path / "bad.csv", "no env and score columns")]:
+        res = run_report(runs, "--out", tmp_path / "o", "--refs", refs, "--random", path)
+        assert res.returncode == 2 and res.stderr.startswith(f"error: --random '{path}': {words}"), res.stderr
+        assert res.stderr.count("\n") == 1
+
+
+def test_random_scores_feed_the_report(tmp_path, capsys):
+    """random_scores.py plays uniform random actions: InvertedPendulum pays 1 a step, so each return is its episode's
+    length, here a few steps before the pole falls; the same seed gives the same CSV, which report.py reads."""
+    out = tmp_path / "random.csv"
+    args = ["--envs", "InvertedPendulum-v5", "--episodes", 5, "--seed", 3]
+    assert random_scores.main([*map(str, args), "--out", str(out)]) == 0
+    with open(out, newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    returns = random_scores.random_returns("InvertedPendulum-v5", 5, 3)
+    assert all(r == int(r) and 1 <= r < 100 for r in returns)  # one per step, the pole down long before 1,000
+    assert row["env"] == "InvertedPendulum-v5" and row["episodes"] == "5" and float(row["score"]) == np.mean(returns)
+    assert "uniform random actions" in row["protocol"]
+    first = out.read_bytes()
+    assert random_scores.main([*map(str, args), "--out", str(out)]) == 0 and out.read_bytes() == first
+    assert rep.load_random_scores(str(out)) == {"InvertedPendulum-v5": np.mean(returns)}
+    capsys.readouterr()
+    assert random_scores.main(["--envs", "NoSuchEnv-v9", "--out", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --envs: cannot make 'NoSuchEnv-v9'") and err.count("\n") == 1
 
 
 def test_report_across_tasks_without_references(report, tmp_path):
@@ -625,7 +686,7 @@ def test_report_across_tasks_without_references(report, tmp_path):
     assert "No task with a score has a numeric reference score: no aggregate." in res.stdout
     section = (report[1] / "report.md").read_text().split("## Across tasks")[1].split("## References")[0]
     breakout = table_row(section, "ALE_Breakout-v5 (ppo_atari, 15k steps)")
-    assert breakout[4] == "326.5 (test lab)" and breakout[6] == f"{104.5 / 326.5:.2f}"
+    assert breakout[4] == "326.5 (test lab)" and breakout[6:8] == ["-", f"{104.5 / 326.5:.2f}"]
     assert "ALE_Pong-v5 (ppo_atari)" in section.split("Left out")[1]  # no reference for Pong in the fixture's file
 
 
