@@ -49,10 +49,11 @@ STAT_TAGS = {  # what a shortfall is read against, as means over each tenth of a
 DASH = "-"
 SMOOTH = 20  # episodes in the curves' moving average
 Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> [(step, wall time, value)]
-# A run's scalars CSV (--csv writes <run>.csv.gz, a quarter of the event files' size; an unzipped one reads the same):
+# A run's scalars CSV (--csv writes <run>.csv.gz, a seventh of the event files' size; an unzipped one reads the same):
 # per process, in its event files' order, its texts (tag text:<name>, step 0, the text in the text column), every
 # scalar event the report keeps (a redone one left out), in the order logged, then one process:end row, its last step
-# and wall time counting the redone events. Floats as repr: read back exactly.
+# and wall time counting the redone events. A value is the shortest text of its float32 (TensorBoard keeps scalars as
+# float32, so it reads back exactly), a wall time to the millisecond: 40% less to keep than full reprs.
 CSV_HEADER = ["process", "tag", "step", "wall_time", "value", "text"]
 CSV_TEXTS = ("hyperparameters", "device")  # the texts a run is rebuilt from
 CSV_END = "process:end"
@@ -248,8 +249,10 @@ def write_scalars_csv(path: str, processes: list[Process], kept_of: dict[int, Sc
         if device_name(p.texts, kept) != device_name(p.texts, p.scalars):  # named by GPU samples that were redone
             texts["device"] = device_name(p.texts, p.scalars)
         rows += [[n, f"text:{tag}", 0, "", "", text] for tag, text in texts.items()]
-        rows += [[n, tag, step, repr(t), repr(v), ""] for tag, tag_events in kept.items() for step, t, v in tag_events]
-        rows.append([n, CSV_END, p.last_step, repr(p.last_time), "", ""])
+        rows += [
+            [n, tag, step, f"{t:.3f}", str(np.float32(v)), ""] for tag, events in kept.items() for step, t, v in events
+        ]
+        rows.append([n, CSV_END, p.last_step, f"{p.last_time:.3f}", "", ""])
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(CSV_HEADER)
@@ -281,7 +284,8 @@ def read_scalars_csv(path: str) -> list[Process]:
                 elif tag == CSV_END:
                     p.last_step, p.last_time = int(step), float(wall_time)
                 else:
-                    p.scalars.setdefault(tag, []).append((int(step), float(wall_time), float(value)))
+                    event = (int(step), float(wall_time), float(np.float32(value)))  # as the event file has it
+                    p.scalars.setdefault(tag, []).append(event)
         except ValueError as exc:  # a cell that is not a number, a row of another length
             raise SweepError(f"{path}, line {reader.line_num}: not a scalars CSV row ({exc})") from None
     return [processes[n] for n in sorted(processes)]
