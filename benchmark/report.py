@@ -456,6 +456,12 @@ def load_random_scores(path: str) -> dict[str, float]:
         return {row["env"].strip().replace("/", "_"): float(row["score"]) for row in reader if row["env"].strip()}
 
 
+def normalise(scores: np.ndarray, reference: float, random_score: float | None) -> np.ndarray:
+    """0 a random policy's score (none: 0), 1 the reference's."""
+    zero = random_score or 0.0
+    return (scores - zero) / (reference - zero)
+
+
 def seed_groups(runs: list[Run]):
     """(exp, env, budget, its runs): a row per script, env and budget (runs sorted so): a 1M run's return is not a 10M
     run's."""
@@ -503,14 +509,14 @@ def aggregate_section(
         scores = np.array([f for f in (r.final_return(last_n) for r in group) if f is not None])
         if len(scores):
             groups.setdefault(exp, []).append((env, f"{fmt_steps(total)} steps" if total else "", scores))
-    tasks, no_ref = {}, []  # exp -> [(env, budget, scores, reference, its value, random or None)]
+    tasks, no_ref = {}, []  # exp -> [(env, budget, scores, reference, its value, random score or None)]
     for exp, members in groups.items():
         with_random = all(env in randoms for env, *_ in members)  # one normalisation for all of a script's tasks
         for env, budget, scores in members:
-            random = randoms[env] if with_random else None
-            found = numeric_reference(refs.get(env, []), random or 0.0)
+            random_score = randoms[env] if with_random else None
+            found = numeric_reference(refs.get(env, []), random_score or 0.0)
             if found:
-                tasks.setdefault(exp, []).append((env, budget, scores, *found, random))
+                tasks.setdefault(exp, []).append((env, budget, scores, *found, random_score))
             else:
                 no_ref.append(f"{env} ({exp})")
     if not tasks:
@@ -537,21 +543,21 @@ def aggregate_section(
     )
     task_rows, agg_rows = [], []
     for exp, members in tasks.items():
-        for env, budget, scores, ref, value, random in members:
+        for env, budget, scores, ref, value, random_score in members:
             ours = fmt(float(np.mean(scores)), 1) + (
                 f" ± {fmt(float(np.std(scores, ddof=1)), 1)}" if len(scores) > 1 else ""
             )
             measured = "" if ref.ours else f", {ref.their_env}"
-            ratios = (scores - (random or 0.0)) / (value - (random or 0.0))
+            ratios = normalise(scores, value, random_score)
             above = np.sum(scores > value) + 0.5 * np.sum(scores == value)
             task_rows.append(
                 [f"{env} ({', '.join(filter(None, [exp, budget]))})", len(scores), ours]
                 + [fmt_interval(mean_interval(list(scores), reps)), f"{ref.score} ({ref.source}{measured})"]
-                + [ref.protocol or DASH, DASH if random is None else fmt(random, 1), f"{np.mean(ratios):.2f}"]
-                + [fmt_interval(mean_interval(list(ratios), reps), 2)]
+                + [ref.protocol or DASH, DASH if random_score is None else fmt(random_score, 1)]
+                + [f"{np.mean(ratios):.2f}", fmt_interval(mean_interval(list(ratios), reps), 2)]
                 + [f"{above:g} of {len(scores)}"]
             )
-        strata = [(scores - (random or 0.0)) / (value - (random or 0.0)) for *_, scores, _, value, random in members]
+        strata = [normalise(scores, value, random_score) for *_, scores, _, value, random_score in members]
         one_each = all(len(t) == 1 for t in strata)  # nothing to resample: no interval
         cells = []
         for stat in AGGREGATES:
