@@ -334,6 +334,30 @@ def signal_at_iteration_3(tmp_path, args, sig, group=False):
         proc.kill()
 
 
+def test_reward_terms_add_up_to_the_return_the_evaluation_prints(tmp_path):
+    """Issue #65: benchmark/reward_terms.py splits a checkpoint's return into Hopper-v5's reward terms, which add up
+    to it; with mean actions it plays exactly the episodes --eval-checkpoint plays (episode i reset with seed + i)."""
+    res = run(tmp_path, "--env-id", "Hopper-v5", "--total-timesteps", "128", *TINY)
+    assert res.returncode == 0, res.stderr
+    ckpt = run_dir(tmp_path) / "checkpoint.pt"
+    res = run(tmp_path, "--eval-checkpoint", ckpt, "--eval-episodes", "3", "--seed", "5")
+    assert res.returncode == 0, res.stderr
+    evaluated = float(re.search(r"eval Hopper-v5: mean return (\S+) \+-", res.stdout).group(1))
+    tool = [sys.executable, os.path.join(ROOT, "benchmark", "reward_terms.py"), ckpt, "--episodes", "3", "--seed", "5"]
+    for extra in (["--mean-actions"], []):
+        res = subprocess.run([*map(str, tool), *extra], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        rows = [line.strip("|").split("|") for line in res.stdout.splitlines() if line.startswith("| ")]
+        terms = {name.strip(): float(mean.replace(",", "")) for name, mean, _ in rows if name.strip() != "per episode"}
+        assert set(terms) == {"return", "length", "reward_forward", "reward_ctrl", "reward_survive"}
+        parts = terms["reward_forward"] + terms["reward_ctrl"] + terms["reward_survive"]
+        assert parts == pytest.approx(terms["return"], abs=0.02) and terms["length"] >= 1
+        if extra:
+            assert terms["return"] == pytest.approx(evaluated, abs=0.006)
+    res = subprocess.run([*map(str, tool[:2]), tmp_path / "none.pt"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+
+
 def test_resume_after_sigterm_reaches_same_total(tmp_path):
     total = 32 * 15
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", total, "--no-progress-bar", "--num-steps", "32"]
