@@ -698,8 +698,8 @@ def report_body(out):
 
 def test_report_rebuilds_from_its_scalars_csv(tmp_path):
     """Issue #65: --csv keeps each run's scalars and texts in OUT/scalars/<run>.csv.gz (a gzipped CSV, about a
-    seventh of the event files' size), from which the same report is rebuilt without the event files: every table, the resumed
-    run's segments and its redone steps included. A CSV a user unzipped reads the same."""
+    seventh of the event files' size), from which the same report is rebuilt without the event files: every table,
+    the resumed run's segments and its redone steps included. A CSV a user unzipped reads the same."""
     runs, out = tmp_path / "runs", tmp_path / "out"
     for seed, returns in [(1, [0.1 * i for i in range(120)]), (2, [3.0 + 0.7 * i for i in range(120)])]:
         name = f"Hopper-v5__ppo_continuous__{seed}__1700000000"
