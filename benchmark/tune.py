@@ -171,8 +171,15 @@ def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> 
             return None, {}
         scores.setdefault(r.env or "its env", []).append(report.mean_of_last(*kept.T, config["last_episodes"]))
     score = {env: sum(v) / len(v) for env, v in scores.items()}
-    value = sum(s / config["references"].get(env, 1.0) for env, s in score.items()) / len(score)
+    value = sum(normalised(s, config["references"].get(env, 1.0)) for env, s in score.items()) / len(score)
     return value, score
+
+
+def normalised(score: float, reference: float | list[float]) -> float:
+    """``score`` over its env's reference: the published mean, or [it, a random policy's score] as the report
+    normalises (0 a random policy, 1 the reference)."""
+    mean, zero = reference if isinstance(reference, list) else (reference, 0.0)
+    return (score - zero) / (mean - zero)
 
 
 def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///path, postgresql://...)
@@ -559,11 +566,15 @@ def make_config(a: argparse.Namespace, passthrough: list[str], work_dir: str) ->
     if unknown:
         raise SweepError(f"unknown env id {unknown[0]} for {a.script}; use gymnasium's ids, e.g. --envs Hopper-v5")
     published, references = report.load_references(os.path.join(BENCH, "reference_scores.csv")), {}
-    for env in envs if len(envs) > 1 else []:  # each env's score is divided by its mean published one
+    randoms = report.load_random_scores(os.path.join(BENCH, "random_scores.csv"))
+    with_random = all(env.replace("/", "_") in randoms for env in envs)  # one normalisation for all, as the report's
+    for env in envs if len(envs) > 1 else []:  # each env's score over its mean published one (less a random policy's)
         scores = [float(r.score) for r in published.get(env.replace("/", "_"), [])]
-        if not scores:
-            raise SweepError(f"no reference score for {env} to normalise it by in benchmark/reference_scores.csv")
-        references[env] = sum(scores) / len(scores)
+        zero = randoms[env.replace("/", "_")] if with_random else 0.0
+        if not scores or sum(scores) / len(scores) <= zero:
+            above = "a random policy's" if with_random else "0"
+            raise SweepError(f"no reference score for {env} above {above} in benchmark/reference_scores.csv")
+        references[env] = [sum(scores) / len(scores), zero] if with_random else sum(scores) / len(scores)
     total = sweep.flag_value(passthrough, "--total-timesteps") or getattr(fields.get("total_timesteps"), "default", "")
     if not str(total).isdecimal():
         raise SweepError(f"give --total-timesteps after -- as a whole number, not {total}")

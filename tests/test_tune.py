@@ -84,7 +84,7 @@ def test_the_search_space_comes_from_the_scripts_args():
         (["--param", "gamma=0.9:0.99", "--seeds", "1 01"], ["--seeds names seed 1 twice"]),
         (["--param", "gamma=0.9:0.99", "--enqueue", "gamma=0.5"], ["a value in its space, not gamma=0.5"]),
         (["--param", "gamma=0.9:0.99", "--envs", "Hoper-v5"], ["unknown env id Hoper-v5"]),
-        (["--param", "gamma=0.9:0.99", "--envs", "Hopper-v5 Pusher-v5"], ["no reference score for Pusher-v5"]),
+        (["--param", "gamma=0.9:0.99", "--envs", "Hopper-v5 Swimmer-v5"], ["no reference score for Swimmer-v5"]),
         (["--param", "gamma=0.9:0.99", "--study-name", "a__b"], ["--study-name 'a__b'"]),
         (["--param", "gamma=0.9:0.99", "--partition", "gpu"], ["--partition is a SLURM option"]),
         (["--param", "gamma=0.9:0.99", "--trials", "0"], ["--trials: must be an integer of at least 1"]),
@@ -127,6 +127,19 @@ def test_values_that_would_break_a_study_later_are_refused_up_front():
         study, _ = tune.load_study(storage, f"seed{seed}", {**CONFIG, "sampler_seed": seed})
         study.enqueue_trial({"gamma": 0.95})
         assert tune.load_study(storage, f"seed{seed}", None)[0].ask().params == {}
+
+
+def test_several_envs_are_normalised_by_a_random_policys_score(tmp_path):
+    """Issue #65: with a random policy's score for every env (benchmark/random_scores.csv), each env's reference is
+    [the published mean, the random score], so that Pusher's negative reference counts; before, it divided Pusher's
+    returns by -40.38 and turned a better policy into a lower value."""
+    argv = ["ppo_continuous.py", "--study-name", "s", "--param", "gamma=0.9:0.99", "--envs", "Hopper-v5 Pusher-v5"]
+    config, _ = tune.make_config(tune.build_parser().parse_args(argv), [], str(tmp_path))
+    assert config["references"] == {"Hopper-v5": [2382.86, 16.67], "Pusher-v5": [-40.38, -149.22]}
+    assert tune.normalised(-30.0, config["references"]["Pusher-v5"]) > tune.normalised(-40.0, [-40.38, -149.22])
+    argv[-1] = "ALE/Breakout-v5 ALE/Pong-v5"  # no random scores: the published means alone, as before
+    config, _ = tune.make_config(tune.build_parser().parse_args(["ppo_atari.py", *argv[1:]]), [], str(tmp_path))
+    assert all(isinstance(r, float) and r > 0 for r in config["references"].values())
 
 
 def test_a_dry_run_is_for_slurm_only(tmp_path, capsys, monkeypatch):
@@ -248,6 +261,11 @@ def test_the_value_is_read_from_event_files_as_they_grow(tmp_path, monkeypatch):
     other = tune.TrialRun("Walker2d-v5", [], "log", "none", returns=[(5, 10.0, 1.0)])
     value, scores = tune.trial_value({**CONFIG, "references": {"Hopper-v5": 32.0, "Walker2d-v5": 20.0}}, [run, other])
     assert scores == {"Hopper-v5": 16.0, "Walker2d-v5": 10.0} and value == 0.5
+    # with a random policy's score per env (issue #65): (score - random) / (reference - random), (16 - 0) / 32 and
+    # (10 - -10) / (20 - -10), as the report normalises; a negative reference counts
+    references = {"Hopper-v5": [32.0, 0.0], "Walker2d-v5": [20.0, -10.0]}
+    value, _ = tune.trial_value({**CONFIG, "references": references}, [run, other])
+    assert value == pytest.approx((0.5 + 20 / 30) / 2)
     assert tune.trial_value(CONFIG, [tune.TrialRun(None, [], "log", "none")]) == (None, {})
     # dqn_snake_vec logs a mean over each log window's games: the last 2 are the last window's one (5.0) and one of 300
     snake = tune.TrialRun(None, [], "log", "none", returns=[(5, 1.0, 300.0), (6, 5.0, 1.0)])
@@ -384,7 +402,7 @@ def test_a_study_stops_resumes_prunes_and_is_read_back(tmp_path):
     for name in ("ppo_continuous.py", "gpu_utils.py", "run_utils.py"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     (tmp_path / "benchmark").mkdir()
-    for name in ("tune.py", "sweep.py", "report.py", "reference_scores.csv"):
+    for name in ("tune.py", "sweep.py", "report.py", "reference_scores.csv", "random_scores.csv"):
         os.symlink(os.path.join(ROOT, "benchmark", name), tmp_path / "benchmark" / name)
     db = f"sqlite:///{tmp_path}/study.db"
     cmd = [sys.executable, "benchmark/tune.py", *STUDY[:-12], "--storage", db, *STUDY[-12:]]
