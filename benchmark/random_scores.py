@@ -4,7 +4,8 @@ Agarwal et al. (NeurIPS 2021, rliable) aggregate tasks by normalised scores, (sc
 so that 0 is a random policy and 1 the reference on every task. A reference can be negative (CleanRL's Pusher,
 -40.38), where a plain ratio to it means nothing. This plays --episodes episodes of each env with actions drawn
 uniformly from its action space (gymnasium's make, no wrapper but its time limit: the raw return the scripts log) and
-writes their mean return, its standard error and how it was measured to --out, which report.py reads (--random).
+writes their mean return, its standard error and how it was measured to --out, which report.py reads (--random):
+an env measured again replaces its row, the others' rows stay.
 
     python benchmark/random_scores.py --envs "HalfCheetah-v5 Hopper-v5 Walker2d-v5" --out benchmark/random_scores.csv
 """
@@ -58,21 +59,24 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", default=MUJOCO, help=f"gymnasium env ids (default: {MUJOCO})")
     p.add_argument("--episodes", type=count(1), default=100, help="episodes per env (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="episode i resets with seed + i (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="episode i resets with seed + i; the actions' (default 0)")
     p.add_argument("--out", default=os.path.join(HERE, "random_scores.csv"), help="the CSV to write")
     a = p.parse_args(argv)
-    rows = []
+    rows = {}
+    if os.path.isfile(a.out):  # the envs not measured now keep their rows
+        with open(a.out, newline="") as f:
+            rows = {row[0]: row for row in csv.reader(f) if row and row != HEADER}
     for env_id in a.envs.split():
         returns = np.array(random_returns(env_id, a.episodes, a.seed))
         se = float(np.std(returns, ddof=1) / np.sqrt(len(returns))) if len(returns) > 1 else 0.0
         protocol = f"uniform random actions, mean of {a.episodes} episodes (resets seeded {a.seed}+i), raw return"
-        rows.append([env_id, f"{returns.mean():.2f}", f"{se:.2f}", a.episodes, protocol])
+        rows[env_id] = [env_id, f"{returns.mean():.2f}", f"{se:.2f}", a.episodes, protocol]
         print(f"{env_id}: {returns.mean():.2f} +- {se:.2f} (standard error, {a.episodes} episodes)", flush=True)
     try:
         with open(a.out, "w", newline="") as f:
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(HEADER)
-            writer.writerows(rows)
+            writer.writerows(rows.values())
     except OSError as exc:
         raise SweepError(f"--out {a.out}: {exc.strerror}; pass a writable path") from None
     print(f"wrote {a.out}")

@@ -671,6 +671,11 @@ def test_random_scores_feed_the_report(tmp_path, capsys):
     first = out.read_bytes()
     assert random_scores.main([*map(str, args), "--out", str(out)]) == 0 and out.read_bytes() == first
     assert rep.load_random_scores(str(out)) == {"InvertedPendulum-v5": np.mean(returns)}
+    # another env measured into the same file adds its row and keeps the others (the default file holds them all)
+    assert random_scores.main(["--envs", "Pendulum-v1", "--episodes", "2", "--out", str(out)]) == 0
+    assert set(rep.load_random_scores(str(out))) == {"InvertedPendulum-v5", "Pendulum-v1"}
+    assert random_scores.main([*map(str, args), "--out", str(out)]) == 0  # measured again: its row replaced
+    assert out.read_text().count("InvertedPendulum-v5") == 1
     capsys.readouterr()
     assert random_scores.main(["--envs", "NoSuchEnv-v9", "--out", str(tmp_path / "x.csv")]) == 2
     err = capsys.readouterr().err
