@@ -178,8 +178,8 @@ def trial_value(config: dict, runs: list[TrialRun], until: float = math.inf) -> 
 def normalised(score: float, reference: float | list[float]) -> float:
     """``score`` over its env's reference: the published mean, or [it, a random policy's score] as the report
     normalises (0 a random policy, 1 the reference)."""
-    mean, zero = reference if isinstance(reference, list) else (reference, 0.0)
-    return (score - zero) / (mean - zero)
+    mean, zero = reference if isinstance(reference, list) else (reference, None)
+    return float(report.normalise(score, mean, zero))
 
 
 def open_storage(url: str):  # a journal file (a path) or an RDB URL (sqlite:///path, postgresql://...)
@@ -567,14 +567,16 @@ def make_config(a: argparse.Namespace, passthrough: list[str], work_dir: str) ->
         raise SweepError(f"unknown env id {unknown[0]} for {a.script}; use gymnasium's ids, e.g. --envs Hopper-v5")
     published, references = report.load_references(os.path.join(BENCH, "reference_scores.csv")), {}
     randoms = report.load_random_scores(os.path.join(BENCH, "random_scores.csv"))
-    with_random = all(env.replace("/", "_") in randoms for env in envs)  # one normalisation for all, as the report's
+    tags = {env: env.replace("/", "_") for env in envs}  # as run names and the CSVs spell them
+    with_random = all(tag in randoms for tag in tags.values())  # one normalisation for all, as the report's
     for env in envs if len(envs) > 1 else []:  # each env's score over its mean published one (less a random policy's)
-        scores = [float(r.score) for r in published.get(env.replace("/", "_"), [])]
-        zero = randoms[env.replace("/", "_")] if with_random else 0.0
-        if not scores or sum(scores) / len(scores) <= zero:
+        scores = [float(r.score) for r in published.get(tags[env], [])]
+        mean = sum(scores) / len(scores) if scores else -math.inf
+        zero = randoms[tags[env]] if with_random else 0.0
+        if mean <= zero:
             above = "a random policy's" if with_random else "0"
             raise SweepError(f"no reference score for {env} above {above} in benchmark/reference_scores.csv")
-        references[env] = [sum(scores) / len(scores), zero] if with_random else sum(scores) / len(scores)
+        references[env] = [mean, zero] if with_random else mean
     total = sweep.flag_value(passthrough, "--total-timesteps") or getattr(fields.get("total_timesteps"), "default", "")
     if not str(total).isdecimal():
         raise SweepError(f"give --total-timesteps after -- as a whole number, not {total}")
